@@ -1,0 +1,32 @@
+# Quick start: `make demo` (set up and run the main job on a bundled example), `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch: these machines install 2.13.0 from a local file; bring your own build with TORCH_SPEC
+# (e.g. TORCH_SPEC="torch==2.4.1") or install torch into the venv first and set TORCH_SPEC="".
+TORCH_SPEC ?= torch==2.13.0
+OUT    ?= out/demo
+
+.PHONY: setup demo test bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/hal backends
+	$(VENV)/bin/hal collectives --device cpu --world-size 2
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,30 @@
+"""HAL: a device-agnostic layer for PyTorch workloads (memory, streams/events, collectives, ops).
+
+The façade:
+
+- :func:`list_backends` / :func:`backend_errors` — every installed backend plugin, with the reason
+  each unusable one was refused;
+- :func:`get_backend` — the backend named, ``$HAL_BACKEND``, or the best available one;
+- :mod:`hal.ops` — ops with torch's semantics dispatched per device with a fallback policy;
+- :class:`hal.collectives.Communicator` — collectives on torch.distributed.
+
+The core never imports a vendor SDK; backends do, inside their probe or at first use.
+"""
+from __future__ import annotations
+
+from hal.backend import Availability, Backend, DeviceProperties, dtype_name
+from hal.discovery import (BackendInfo, backend_errors, backend_for_device_type, get_backend, list_backends,
+                           refresh)
+from hal.errors import (BackendUnavailableError, CollectiveError, CollectiveTimeoutError, HalError,
+                        NotSupportedError, OpNotFoundError)
+from hal.memory import MemoryStats
+from hal.streams import Event, HostEvent, HostStream, Stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Availability", "Backend", "BackendInfo", "DeviceProperties", "MemoryStats", "Stream", "Event",
+    "HostStream", "HostEvent", "HalError", "BackendUnavailableError", "NotSupportedError", "OpNotFoundError",
+    "CollectiveError", "CollectiveTimeoutError", "list_backends", "backend_errors", "get_backend",
+    "backend_for_device_type", "refresh", "dtype_name", "__version__",
+]

@@ -1,0 +1,123 @@
+"""The ``hal`` command: ``hal backends``, ``hal collectives`` (more subcommands register here).
+
+Exit codes: 0 success; 1 a check ran and failed; 2 bad input or usage (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Optional
+
+from tabulate import tabulate
+
+from hal.cli.common import CliError, add_format, emit, run_cli
+
+#: subcommand name -> (configure parser, handler); other modules add entries with :func:`subcommand`
+SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
+
+
+def subcommand(name: str, help: str):
+    def deco(configure):
+        def bind(handler):
+            SUBCOMMANDS[name] = (configure, handler, help)
+            return handler
+        return bind
+    return deco
+
+
+def _cfg_backends(p: argparse.ArgumentParser) -> None:
+    add_format(p)
+
+
+@subcommand("backends", "list installed backend plugins, their availability and devices")(_cfg_backends)
+def cmd_backends(args: argparse.Namespace) -> int:
+    import hal
+    rows = []
+    for info in hal.list_backends():
+        devices, versions = [], {}
+        if info.cls is not None:
+            try:
+                versions = info.cls.versions()
+            except Exception as exc:  # versions() must not break the listing
+                versions = {"error": f"{type(exc).__name__}: {exc}"}
+        if info.available:
+            try:
+                devices = [d.as_dict() for d in hal.get_backend(info.name).devices()]
+            except Exception as exc:
+                devices = [{"error": f"{type(exc).__name__}: {exc}"}]
+        rows.append({"name": info.name, "available": info.available, "reason": info.reason,
+                     "priority": info.priority, "target": info.target, "distribution": info.distribution,
+                     "devices": devices, "versions": versions})
+    if args.format == "json":
+        emit(json.dumps({"backends": rows}, indent=2, default=str))
+    else:
+        table = [[r["name"], "yes" if r["available"] else "no", r["priority"], len(r["devices"]), r["reason"]]
+                 for r in rows]
+        emit(tabulate(table, headers=["backend", "available", "priority", "devices", "reason"]))
+    return 0
+
+
+def _cfg_collectives(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="backend name (default: cpu)")
+    p.add_argument("--world-size", type=int, default=2, help="number of processes (default: 2)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait for peers")
+    p.add_argument("--dtypes", default=",".join(__import__("hal.conformance.collectives", fromlist=["x"]).DTYPES))
+    add_format(p)
+
+
+@subcommand("collectives", "run every collective in N real processes and check results exactly")(_cfg_collectives)
+def cmd_collectives(args: argparse.Namespace) -> int:
+    import hal
+    from hal.conformance import collectives
+    if args.world_size < 1:
+        raise CliError("--world-size must be at least 1")
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    for d in dtypes:
+        if d not in collectives.DTYPES:
+            raise CliError(f"unknown dtype {d!r}; one of {', '.join(collectives.DTYPES)}")
+    try:
+        hal.get_backend(args.device)
+    except hal.BackendUnavailableError as exc:
+        raise CliError(str(exc)) from None
+    rows = collectives.run(args.device, args.world_size, args.timeout, dtypes)
+    failed = [r for r in rows if r.status == "fail"]
+    if args.format == "json":
+        emit(json.dumps({"device": args.device, "world_size": args.world_size,
+                         "passed": not failed, "rows": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        emit(tabulate([[r.collective, r.dtype, r.op, r.status, f"{r.max_error:g}", f"{r.seconds * 1e3:.2f}", r.detail]
+                       for r in rows], headers=["collective", "dtype", "op", "status", "max_error", "ms", "detail"]))
+        emit(f"{len(rows) - len(failed)} passed, {len(failed)} failed on {args.device} x{args.world_size}")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_plugins()
+    parser = argparse.ArgumentParser(prog="hal", description="HAL: hardware abstraction and portability for PyTorch")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (configure, handler, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        configure(p)
+        p.set_defaults(handler=handler)
+    return parser
+
+
+def _load_plugins() -> None:
+    """Import the modules that add subcommands (they register on import)."""
+    import importlib
+    for mod in ("hal.cli.matrix",):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return run_cli(lambda: build_parser().parse_args(argv), lambda a: a.handler(a), prog="hal")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

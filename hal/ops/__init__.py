@@ -1,0 +1,195 @@
+"""``hal.ops``: device-agnostic ops with torch's semantics, dispatched through the op registry.
+
+Each public function (``hal.ops.softmax`` ...) takes torch's arguments plus a keyword-only
+``fallback=`` policy, picks the implementation registered for the first tensor's device and dtype
+(cached after the first call, so dispatch adds well under a microsecond), and otherwise applies
+the fallback policy of :mod:`hal.ops.fallback`: the CPU implementation runs on host copies of the
+inputs, the outputs are copied back, and the call is logged.
+
+Raises NotSupportedError when the policy is ``error`` and no implementation fits.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+
+from hal.backend import dtype_name
+from hal.errors import NotSupportedError
+from hal.ops import torch_impl
+from hal.ops.fallback import (LOG as FALLBACK_LOG, POLICIES, FallbackRecord, HalFallbackWarning,
+                              current_policy, fallback_policy)
+from hal.ops.registry import REGISTRY, OpImpl, OpRegistry, Resolution
+
+__all__ = ["REGISTRY", "OpRegistry", "OpImpl", "Resolution", "POLICIES", "fallback_policy", "current_policy",
+           "fallback_log", "fallback_totals", "clear_fallback_log", "resolve", "define_op", "HalFallbackWarning",
+           *torch_impl.OPS]
+
+_registered_device_types: set[str] = set()
+_caches: list[dict] = []
+
+
+def _invalidate() -> None:
+    for c in _caches:
+        c.clear()
+
+
+REGISTRY.on_change(_invalidate)
+
+
+def _ensure_backend_ops(device_type: str) -> None:
+    """Let the backend of ``device_type`` register its implementations (once per process)."""
+    if device_type in _registered_device_types:
+        return
+    _registered_device_types.add(device_type)
+    from hal.discovery import list_backends  # late import: discovery is not needed to define ops
+    for info in list_backends():
+        if info.cls is not None and info.cls.device_type == device_type and info.available:
+            from hal.discovery import get_backend
+            get_backend(info.name).register_ops(REGISTRY)
+            return
+
+
+def resolve(op: str, device: "torch.device | str", dtype: Optional[torch.dtype]) -> Resolution:
+    """How ``op`` would resolve for a tensor on ``device`` of ``dtype`` (no call is made)."""
+    dev = torch.device(device)
+    _ensure_backend_ops(dev.type)
+    return REGISTRY.resolve(op, dev.type, dtype_name(dtype) if dtype is not None else None)
+
+
+def _tensors(obj: Any, out: list) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out)
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _guarded(chain: list[OpImpl]) -> Callable[..., Any]:
+    """A callable that checks each candidate's ``supports`` predicate per call, best first."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for impl in chain:
+            if impl.supports is None or not impl.supports(*args, **kwargs):
+                return impl.fn(*args, **kwargs)
+        raise NotSupportedError(chain[-1].op, chain[-1].device_type, ["no candidate accepts these arguments"])
+    return call
+
+
+def _run_fallback(op: str, res: Resolution, policy: str, args: tuple, kwargs: dict) -> Any:
+    device = args[0].device
+    reason = "; ".join(res.rejected) or "no implementation"
+    if policy == "error":
+        raise NotSupportedError(f"hal.ops.{op}", device.type, list(res.rejected))
+    reference = REGISTRY.get(op).reference
+    if reference is None:
+        raise NotSupportedError(f"hal.ops.{op}", device.type, [*res.rejected, "no reference implementation to fall back to"])
+    cpu = torch.device("cpu")
+    inputs: list[torch.Tensor] = []
+    _tensors((args, kwargs), inputs)
+    t0 = time.perf_counter()
+    out = reference(*_move(args, cpu), **_move(kwargs, cpu))
+    out = _move(out, device)
+    seconds = time.perf_counter() - t0
+    outputs: list[torch.Tensor] = []
+    _tensors(out, outputs)
+    moved = sum(t.numel() * t.element_size() for t in inputs + outputs if t.device.type != "cpu")
+    rec = FallbackRecord(op, device.type, tuple(dtype_name(t.dtype) for t in inputs),
+                         tuple(tuple(t.shape) for t in inputs), moved, seconds, reason)
+    if FALLBACK_LOG.add(rec, warn=policy == "warn"):
+        warnings.warn(f"hal.ops.{op} has no {device.type} implementation for {rec.dtypes[0]} and ran on the CPU "
+                      f"({reason})", HalFallbackWarning, stacklevel=3)
+    return out
+
+
+def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tuple[str, ...] = (),
+              register_cpu: bool = True) -> Callable[..., Any]:
+    """Define an op and return its dispatcher (what ``hal.ops.<name>`` is for the built-in ops).
+
+    ``reference`` implements it with torch's own kernels; it is the CPU implementation (unless
+    ``register_cpu`` is False) and what a fallback runs. Backends add faster implementations with
+    ``REGISTRY.register(name, device_type, fn, ...)``."""
+    REGISTRY.define(name, aten, reference, doc=reference.__doc__ or "", reaches=reaches)
+    if register_cpu:
+        REGISTRY.register(name, "cpu", reference, impl="torch")
+    return _make(name)
+
+
+def _make(op: str) -> Callable[..., Any]:
+    cache: dict = {}
+    _caches.append(cache)
+
+    def slow(x: torch.Tensor, args: tuple, kwargs: dict, fallback: Optional[str]) -> Any:
+        device = x.device
+        _ensure_backend_ops(device.type)
+        res = REGISTRY.resolve(op, device.type, dtype_name(x.dtype), args, kwargs)
+        if res.impl is None:
+            return _run_fallback(op, res, current_policy(fallback), args, kwargs)
+        chain = [i for i in REGISTRY.implementations(op, device.type)
+                 if i.dtypes is None or dtype_name(x.dtype) in i.dtypes]
+        upto = chain[: chain.index(res.impl) + 1] if res.impl in chain else [res.impl]
+        if all(i.supports is None for i in upto):
+            cache[(device, x.dtype)] = res.impl.fn
+        else:
+            cache[(device, x.dtype)] = _guarded(chain)
+        return res.impl.fn(*args, **kwargs)
+
+    def dispatch(x: torch.Tensor, *args: Any, fallback: Optional[str] = None, **kwargs: Any) -> Any:
+        fn = cache.get((x.device, x.dtype))
+        if fn is None:
+            return slow(x, (x, *args), kwargs, fallback)
+        return fn(x, *args, **kwargs)
+
+    opdef = REGISTRY.get(op)
+    dispatch.__name__ = op
+    dispatch.__qualname__ = op
+    ref = opdef.reference
+    dispatch.__doc__ = (f"``{opdef.aten}`` through the HAL op registry with torch's semantics"
+                        + (f" (reference: ``{ref.__module__}.{ref.__name__}``)" if ref is not None else "")
+                        + ".\n\nKeyword ``fallback``: 'cpu' | 'warn' | 'error' for this call.")
+    return dispatch
+
+
+for _name, (_aten, _reaches, _fn) in torch_impl.OPS.items():
+    globals()[_name] = define_op(_name, _aten, _fn, _reaches, register_cpu=False)
+
+
+def fallback_log() -> list[FallbackRecord]:
+    """The most recent fallbacks that ran (bounded)."""
+    return FALLBACK_LOG.records()
+
+
+def fallback_totals() -> dict:
+    """``{(op, device_type): FallbackTotals}`` since the last clear (never truncated)."""
+    return FALLBACK_LOG.totals()
+
+
+def clear_fallback_log() -> None:
+    FALLBACK_LOG.clear()
+
+
+def register_torch_impls(registry: OpRegistry, device_type: str, dtypes: Optional[dict] = None,
+                         priority: int = 0) -> None:
+    """Register the torch reference implementations for ``device_type``.
+
+    ``dtypes`` maps op name -> dtype names computed natively (missing op: every dtype; an empty
+    set: not registered at all, so the op falls back)."""
+    for name, (_aten, _reaches, fn) in torch_impl.OPS.items():
+        allowed = None if dtypes is None else dtypes.get(name)
+        if allowed is not None and not allowed:
+            continue
+        registry.register(name, device_type, fn, impl="torch", dtypes=allowed, priority=priority)
