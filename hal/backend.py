@@ -14,6 +14,8 @@ import abc
 import contextlib
 import dataclasses
 import glob
+import importlib
+import pathlib
 from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -96,6 +98,9 @@ class Backend(abc.ABC):
     device_files: ClassVar[tuple[str, ...]] = ()
     #: reduce ops the collective library rejects (names of torch.distributed.ReduceOp members)
     unsupported_reduce_ops: ClassVar[frozenset[str]] = frozenset()
+    #: data files shipped next to the backend's module (see :meth:`data_file`)
+    migration_rules_file: ClassVar[str] = "migration_rules.yaml"
+    manifest_file: ClassVar[str] = "manifest.json"
 
     # ---- discovery (class-level, cheap, creates no device context) -----------------------
     @classmethod
@@ -115,6 +120,17 @@ class Backend(abc.ABC):
         for pattern in cls.device_files:
             found.extend(sorted(glob.glob(pattern)))
         return found
+
+    @classmethod
+    def data_file(cls, filename: str) -> Optional[pathlib.Path]:
+        """Path of ``filename`` in the backend's package folder, or None if it has none.
+
+        Backends ship data, not code, for what an audit needs without the device: the capability
+        manifest (``manifest_file``) and the migration rules (``migration_rules_file``)."""
+        module = importlib.import_module(cls.__module__)
+        folder = pathlib.Path(module.__file__).parent
+        path = folder / filename
+        return path if path.is_file() else None
 
     # ---- devices ----------------------------------------------------------------------------
     @abc.abstractmethod
