@@ -1,0 +1,161 @@
+"""hal.ops: torch semantics for every op, registry resolution with reasons, fallback policy and log."""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hal.ops
+from hal.errors import NotSupportedError, OpNotFoundError
+from hal.ops.fallback import FallbackLog, FallbackRecord, current_policy
+from hal.ops.registry import OpRegistry
+
+g = torch.Generator().manual_seed(0)
+
+
+def rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+CASES = {
+    "softmax": lambda: ((rnd(3, 17), 1), torch.softmax),
+    "log_softmax": lambda: ((rnd(5, 9), 0), torch.log_softmax),
+    "layer_norm": lambda: ((rnd(4, 10), (10,), rnd(10), rnd(10), 1e-5), F.layer_norm),
+    "rms_norm": lambda: ((rnd(4, 10), (10,), rnd(10), 1e-6),
+                         lambda x, s, w, e: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e) * w),
+    "gelu": lambda: ((rnd(33),), F.gelu),
+    "silu": lambda: ((rnd(33),), F.silu),
+    "silu_and_mul": lambda: ((rnd(4, 12),), lambda x: F.silu(x[:, :6]) * x[:, 6:]),
+    "matmul": lambda: ((rnd(2, 3, 4), rnd(4, 5)), torch.matmul),
+    "cross_entropy": lambda: ((rnd(6, 11), torch.randint(0, 11, (6,), generator=g)), F.cross_entropy),
+    "embedding": lambda: ((torch.randint(0, 10, (3, 4), generator=g), rnd(10, 6)), F.embedding),
+    "scaled_dot_product_attention": lambda: ((rnd(2, 3, 5, 8), rnd(2, 3, 5, 8), rnd(2, 3, 5, 8)),
+                                             F.scaled_dot_product_attention),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_op_has_torch_semantics_on_cpu(name):
+    args, ref = CASES[name]()
+    torch.testing.assert_close(getattr(hal.ops, name)(*args), ref(*args))
+    assert hal.ops.resolve(name, "cpu", args[0].dtype).ok
+
+
+def test_add_rms_norm_returns_normed_and_residual_sum():
+    x, r, w = rnd(3, 8), rnd(3, 8), rnd(8)
+    normed, h = hal.ops.add_rms_norm(x, r, (8,), w, 1e-6)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(normed, hal.ops.rms_norm(x + r, (8,), w, 1e-6))
+
+
+def test_every_builtin_op_is_defined_with_its_aten_name():
+    for name in hal.ops.REGISTRY.names():
+        opdef = hal.ops.REGISTRY.get(name)
+        assert opdef.aten.startswith(("aten::", "hal::")) and opdef.reaches
+    with pytest.raises(OpNotFoundError):
+        hal.ops.REGISTRY.get("no_such_op")
+
+
+def test_resolution_keeps_every_rejection_reason_in_order():
+    reg = OpRegistry()
+    reg.define("f", "hal::f", lambda x: x)
+    reg.register("f", "cpu", lambda x: x + 1, impl="fast", dtypes={"float16"}, priority=10)
+    reg.register("f", "cpu", lambda x: x + 2, impl="picky", priority=5,
+                 supports=lambda x: None if x.is_contiguous() else "needs a contiguous input")
+    reg.register("f", "cpu", lambda x: x + 3, impl="torch", priority=0)
+    xt = rnd(4, 4).t()
+    res = reg.resolve("f", "cpu", "float32", (xt,))
+    assert res.impl.impl == "torch"
+    assert res.rejected == ("cpu/fast: dtype float32 not in ['float16']", "cpu/picky: needs a contiguous input")
+    assert reg.resolve("f", "cpu", "float32", (rnd(4, 4),)).impl.impl == "picky"
+    none = reg.resolve("f", "mlu", "float32")
+    assert not none.ok and none.rejected == ("no implementation registered for mlu",)
+
+
+def test_guarded_dispatch_rechecks_predicates_per_call():
+    calls = []
+
+    def reference(x):
+        """identity with torch."""
+        return x.clone()
+
+    op = hal.ops.define_op("test_guarded", "hal::test_guarded", reference)
+    hal.ops.REGISTRY.register("test_guarded", "cpu", lambda x: calls.append("fast") or x.clone(), impl="fast",
+                              priority=10, supports=lambda x: None if x.is_contiguous() else "non-contiguous")
+    a = rnd(4, 4)
+    op(a)
+    op(a.t())
+    op(a)
+    assert calls == ["fast", "fast"]
+
+
+def test_fallback_policy_precedence(monkeypatch):
+    assert current_policy() == "warn"
+    monkeypatch.setenv("HAL_FALLBACK", "error")
+    assert current_policy() == "error"
+    with hal.ops.fallback_policy("cpu"):
+        assert current_policy() == "cpu"
+        assert current_policy("warn") == "warn"
+        with hal.ops.fallback_policy("error"):
+            assert current_policy() == "error"
+        assert current_policy() == "cpu"
+    with pytest.raises(ValueError, match="unknown fallback policy"):
+        current_policy("sometimes")
+
+
+def test_fallback_scope_is_per_thread():
+    seen = {}
+    with hal.ops.fallback_policy("error"):
+        t = threading.Thread(target=lambda: seen.setdefault("other", current_policy()))
+        t.start()
+        t.join()
+        seen["this"] = current_policy()
+    assert seen == {"other": "warn", "this": "error"}
+
+
+def test_fallback_runs_reference_logs_and_warns_once():
+    def reference(x, k=1.0):
+        """x * k."""
+        return x * k
+
+    op = hal.ops.define_op("test_fp16_only", "hal::test_fp16_only", reference, register_cpu=False)
+    hal.ops.REGISTRY.register("test_fp16_only", "cpu", reference, dtypes={"float16"})
+    hal.ops.clear_fallback_log()
+    x = rnd(3, 4)
+    with pytest.raises(NotSupportedError) as ei:
+        op(x, 2.0, fallback="error")
+    assert ei.value.reasons == ["cpu/torch: dtype float32 not in ['float16']"]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(op(x, k=2.0), x * 2)
+    assert sum(issubclass(i.category, hal.ops.HalFallbackWarning) for i in w) == 1
+    totals = hal.ops.fallback_totals()[("test_fp16_only", "cpu")]
+    assert totals.calls == 3 and totals.seconds > 0
+    torch.testing.assert_close(op(x.half(), k=2.0, fallback="error"), x.half() * 2)
+    assert hal.ops.fallback_totals()[("test_fp16_only", "cpu")].calls == 3
+
+
+def test_fallback_log_is_bounded_but_totals_are_complete():
+    log = FallbackLog(limit=5)
+    for i in range(12):
+        log.add(FallbackRecord("op", "mlu", ("float32",), ((i,),), 8, 0.001, "r"))
+    assert len(log.records()) == 5 and log.records()[-1].shapes == ((11,),)
+    tot = log.totals()[("op", "mlu")]
+    assert tot.calls == 12 and tot.bytes_copied == 96
+
+
+def test_backend_dtype_restrictions_drive_fallback():
+    """register_torch_impls with an empty dtype set leaves the op unregistered (it falls back)."""
+    reg = OpRegistry()
+    for name in hal.ops.REGISTRY.names():
+        d = hal.ops.REGISTRY.get(name)
+        reg.define(name, d.aten, d.reference, reaches=d.reaches)
+    hal.ops.register_torch_impls(reg, "mlu", dtypes={"softmax": {"float32", "float16"}, "rms_norm": set()})
+    assert reg.resolve("softmax", "mlu", "float32").ok
+    assert not reg.resolve("softmax", "mlu", "float64").ok
+    assert not reg.resolve("rms_norm", "mlu", "float32").ok
+    assert reg.resolve("gelu", "mlu", "float64").ok
