@@ -1,0 +1,123 @@
+"""Runtime audit: run a program, capture every op it dispatches, and say what falls back on the target.
+
+Entry point for ``hal-audit`` (the CLI owns argument parsing and report writing)::
+
+    sections = audit_target(request)
+
+``request`` keys: ``target`` (a path, ``file.py:func``, a reference-model name or a ``.onnx``
+file), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx``), ``device`` (the target backend),
+``args`` (argv for a script), ``steps`` (optimizer steps / forward passes; None: a script runs to
+its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
+``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
+place this function writes, for the child's spec and result files; None: a temporary directory
+that is removed), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
+config, default ``tiny``).
+
+Returns ``{"run", "ops", "findings", "target", "precision", "profile"}`` (see DESIGN's audit.json
+contract). The program always runs in a child process (:mod:`.child`, :mod:`.runner`), so a raise,
+hang, ``os._exit`` or crash shows up as ``run.status`` (error | timeout | crashed) with the last
+lines it printed — never as an exception here. Raises ``ValueError`` (or a :mod:`hal.errors`
+error) only for a bad request: unknown kind or device, a missing file, ONNX support missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Optional
+
+from hal.conformance.runtime.predict import build_ops
+
+KINDS = ("script", "func", "model", "onnx")
+DEFAULT_TIMEOUT_S = 600.0
+__all__ = ["audit_target", "KINDS", "DEFAULT_TIMEOUT_S"]
+
+
+def target_info(device: str) -> dict:
+    """``{device, available, verified (False until a run there), reason, device_type}`` for a backend name."""
+    from hal.discovery import list_backends
+    infos = {i.name: i for i in list_backends()}
+    info = infos.get(device)
+    if info is None:
+        raise ValueError(f"unknown device {device!r}; installed backends: {', '.join(sorted(infos)) or 'none'}")
+    device_type = info.cls.device_type if info.cls is not None else device
+    return {"device": device, "available": bool(info.available), "verified": False, "reason": info.reason,
+            "device_type": device_type}
+
+
+def _validate(request: dict) -> dict:
+    req = dict(request)
+    kind = req.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"unknown audit kind {kind!r}; one of {', '.join(KINDS)}")
+    target = req.get("target")
+    if not target or not isinstance(target, str):
+        raise ValueError("request has no target")
+    path = target.rpartition(":")[0] if kind == "func" else target
+    if kind in ("script", "func", "onnx") and not os.path.isfile(path):
+        raise ValueError(f"no such file: {path}")
+    if kind == "func" and not target.rpartition(":")[2].isidentifier():
+        raise ValueError(f"{target!r}: expected file.py:function_name")
+    steps = req.get("steps")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer, not {steps!r}")
+    timeout = req.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    req.setdefault("args", [])
+    return req
+
+
+def audit_target(request: dict) -> dict:
+    """Run the audit described by ``request`` (see the module docstring) and return its sections."""
+    req = _validate(request)
+    target = target_info(req.get("device") or "cpu")
+    if req["kind"] == "onnx":
+        from hal.conformance.runtime.onnx_audit import audit_onnx
+        return audit_onnx(req["target"], target)
+    if req["kind"] == "model":
+        from hal.models import WORKLOAD_NAMES
+        if req["target"] not in WORKLOAD_NAMES:
+            raise ValueError(f"unknown reference model {req['target']!r}; one of {', '.join(WORKLOAD_NAMES)}")
+    out = req.get("out")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        return _audit_in(req, target, out)
+    with tempfile.TemporaryDirectory(prefix="hal-audit-") as tmp:
+        return _audit_in(req, target, tmp)
+
+
+def _audit_in(req: dict, target: dict, workdir: str) -> dict:
+    run_device = target["device_type"] if target["available"] else "cpu"
+    spec_path = os.path.join(workdir, "runtime-child-spec.json")
+    result_path = os.path.join(workdir, "runtime-child-result.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    mode = "train+infer" if req["kind"] == "model" else ("workload" if req["kind"] == "func" else "script")
+    spec = {"target": os.path.abspath(req["target"]) if req["kind"] == "script" else
+            (os.path.abspath(req["target"].rpartition(":")[0]) + ":" + req["target"].rpartition(":")[2]
+             if req["kind"] == "func" else req["target"]),
+            "kind": req["kind"], "args": [str(a) for a in req["args"]], "steps": req.get("steps"),
+            "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
+            "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": mode,
+            "threads": req.get("threads"), "config": req.get("config")}
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    from hal.conformance.runtime.runner import run_child
+    result = run_child(spec_path, result_path, spec["timeout"], env=env)
+    run = result["run"]
+    run.setdefault("mode", mode)
+    run["device"] = run_device
+    measured = None
+    if target["available"] and run.get("status") in ("ok", "error", "timeout", "crashed") and result.get("ops"):
+        measured = {"device_type": run_device, "mlu_fallbacks": result.get("mlu_fallbacks", {})}
+        target["verified"] = True
+        target["reason"] = f"ran on {run_device}: results marked verified were measured there"
+    else:
+        target["reason"] = (f"{target['device']} is not available here ({target['reason']}); the program ran on "
+                            f"{run_device} and every op status is predicted from the capability data")
+    ops = build_ops(result.get("ops", []), target["device"], run.get("steps") or 1, measured,
+                    result.get("hal_fallbacks"))
+    findings = result.get("findings", [])
+    return {"run": run, "ops": ops, "findings": findings, "target": target, "precision": None, "profile": None}

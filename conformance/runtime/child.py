@@ -1,0 +1,275 @@
+"""The audit's child process: ``python -m hal.conformance.runtime.child SPEC.json``.
+
+Reads the spec the parent wrote (target, kind, run device, steps, result path), installs the step
+limiter, the device redirect (when CUDA must be sent elsewhere) and the op capture, runs the
+program, and writes ``{"run", "ops", "findings", "mlu_fallbacks", "hal_fallbacks"}`` to the result
+path atomically (temp file + rename) — also when the program raises, calls ``sys.exit`` or
+``os._exit``, or receives SIGTERM from the parent's timeout. Only a hard crash (a signal such as
+SIGSEGV, or SIGKILL) leaves no result; the parent then reports from the exit status alone.
+Everything the program prints goes to this process's stdout/stderr, which the parent tails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from typing import Any, Optional
+
+MLU_FALLBACK_RE = re.compile(r"operator '([^']+)' is not currently (?:supported|implemented) on the MLU backend"
+                             r"|operator '([^']+)' fails on the MLU backend")
+
+
+def parse_mlu_fallback(message: str) -> Optional[str]:
+    """The op named by a torch_mlu CPU-fallback warning (``aten::nanmedian``), or None."""
+    m = MLU_FALLBACK_RE.search(message)
+    if not m:
+        return None
+    name = m.group(1) or m.group(2)
+    return name if "::" in name else f"aten::{name}"
+
+
+class _State:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.t0 = time.perf_counter()
+        self.capture = None
+        self.limiter = None
+        self.redirect = None
+        self.mlu_fallbacks: dict[str, int] = {}
+        self.written = False
+        self.capture_active = False
+        self.lock = threading.Lock()
+
+    def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
+        ops = self.capture.records() if self.capture is not None else []
+        return {"run": {"status": status, "error": error, "exit_code": exit_code,
+                        "steps": self.limiter.steps if self.limiter else 0,
+                        "optimizer_steps": self.limiter.optimizer_steps if self.limiter else 0,
+                        "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode")},
+                "ops": ops,
+                "findings": self.redirect.findings() if self.redirect is not None else [],
+                "mlu_fallbacks": self.mlu_fallbacks,
+                "hal_fallbacks": _hal_fallbacks()}
+
+    def write(self, status: str, error: Optional[str] = None, exit_code: Optional[int] = None) -> None:
+        with self.lock:
+            if self.written:
+                return
+            self.written = True
+            if self.capture is not None and self.capture_active:
+                self.capture_active = False
+                try:
+                    self.capture.__exit__(None, None, None)
+                except Exception:
+                    pass
+            path = self.spec["result_path"]
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.result(status, error, exit_code), f, default=str)
+            os.replace(tmp, path)
+
+
+def _hal_fallbacks() -> list[dict]:
+    """Fallbacks that really ran through hal.ops (only if the program imported hal.ops)."""
+    ops_mod = sys.modules.get("hal.ops")
+    if ops_mod is None:
+        return []
+    records = ops_mod.fallback_log()
+    totals = ops_mod.fallback_totals()
+    out = []
+    for (op, dev), tot in totals.items():
+        try:
+            aten = ops_mod.REGISTRY.get(op).aten
+        except Exception:
+            aten = op
+        recs = [r for r in records if r.op == op and r.device_type == dev]
+        dtypes = sorted({d for r in recs for d in r.dtypes})
+        shapes = []
+        for r in recs:
+            s = [list(x) for x in r.shapes]
+            if s not in shapes and len(shapes) < 3:
+                shapes.append(s)
+        out.append({"hal_op": op, "op": aten, "device_type": dev, "calls": tot.calls, "bytes": tot.bytes_copied,
+                    "seconds": tot.seconds, "dtypes": dtypes, "shapes": shapes,
+                    "reason": recs[-1].reason if recs else "no implementation"})
+    return out
+
+
+def _install_warning_hook(state: _State) -> None:
+    original = warnings.showwarning
+    warnings.filterwarnings("always", message=".*(will fall back to run on the CPU|fails on the MLU backend).*")
+
+    def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        op = parse_mlu_fallback(str(message))
+        if op is not None:
+            state.mlu_fallbacks[op] = state.mlu_fallbacks.get(op, 0) + 1
+        original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+
+def _run_script(spec: dict) -> None:
+    path = spec["target"]
+    sys.argv = [path, *spec.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def _load_func(spec: dict) -> Any:
+    path, _, name = spec["target"].rpartition(":")
+    sys.argv = [path, *spec.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    namespace = runpy.run_path(path, run_name="__hal_audit__")
+    func = namespace.get(name)
+    if not callable(func):
+        raise RuntimeError(f"{path} defines no callable {name!r}")
+    return func
+
+
+def _drive_workload(w: Any, spec: dict, state: _State, built: bool) -> None:
+    """Training steps then inference on a workload object (hal.models' protocol)."""
+    import torch
+    steps = spec.get("steps") or 2
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():  # building (weight init) is not part of a step: not captured
+        if not built and hasattr(w, "build"):
+            w.build(spec["run_device"], torch.float32, seed=0)
+        batch = w.example_batch()
+    has_train = hasattr(w, "train_step")
+    if has_train:
+        for _ in range(steps):
+            w.train_step(batch)
+        state.limiter.optimizer_steps = max(state.limiter.optimizer_steps, steps)
+    if hasattr(w, "infer"):
+        with torch.no_grad():
+            w.infer(batch)
+        if not has_train:
+            state.limiter.inference_forwards = max(state.limiter.inference_forwards, 1)
+
+
+def _run_func(spec: dict, state: _State) -> None:
+    """``file.py:func``: func() returns a workload (build/example_batch/train_step/infer), a
+    zero-argument callable run once per step, or an ``(nn.Module, inputs)`` pair run as inference
+    forwards. A func that returns None ran its own loop (the step hooks bound it)."""
+    import torch
+    func = _load_func(spec)
+    state.limiter.limit = None  # the driver below counts the steps itself
+    result = func()
+    steps = spec.get("steps") or 2
+    if result is None:
+        return
+    if hasattr(result, "example_batch"):
+        _drive_workload(result, spec, state, built=not hasattr(result, "build") or getattr(result, "model", None) is not None)
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
+        module, inputs = result
+        inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+        with torch.no_grad():
+            for _ in range(steps):
+                module(*inputs)
+        state.limiter.inference_forwards = steps
+    elif callable(result):
+        for _ in range(steps):
+            result()
+        state.limiter.optimizer_steps = max(state.limiter.optimizer_steps, steps)
+    else:
+        raise RuntimeError(f"{spec['target']} returned {type(result).__name__}; expected a workload, "
+                           "a callable, or (module, inputs)")
+
+
+def _run_model(spec: dict, state: _State) -> None:
+    from hal.models import get_workload
+    w = get_workload(spec["target"], config=spec.get("config") or "tiny")
+    state.limiter.limit = None
+    _drive_workload(w, spec, state, built=False)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    state = _State(spec)
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        state.write("timeout", f"stopped after the {spec.get('timeout')} s timeout", None)
+        os._exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
+    real_exit = os._exit
+
+    def audited_exit(code: int) -> None:
+        try:
+            state.write("crashed", f"the program called os._exit({code})", code)
+        finally:
+            real_exit(code)
+
+    os._exit = audited_exit  # type: ignore[assignment]
+    _install_warning_hook(state)
+
+    import torch
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+    from hal.conformance.runtime.stepping import StepLimiter, StopAudit
+    modules = ModuleTracker()
+    capture = OpCapture(modules)
+    limiter = StepLimiter(spec.get("steps"), capture)
+    modules.on_top_level_forward = limiter.before_top_level_forward
+    state.capture, state.limiter = capture, limiter
+    if spec.get("redirect_cuda"):
+        from hal.conformance.runtime.redirect import DeviceRedirect
+        state.redirect = DeviceRedirect(spec["run_device"])
+    status, error, code = "ok", None, None
+    try:
+        modules.install()
+        limiter.install()
+        if state.redirect is not None:
+            state.redirect.install()
+        capture.__enter__()
+        state.capture_active = True
+        kind = spec["kind"]
+        if kind == "script":
+            _run_script(spec)
+        elif kind == "func":
+            _run_func(spec, state)
+        elif kind == "model":
+            _run_model(spec, state)
+        else:
+            raise RuntimeError(f"unknown kind {kind!r}")
+    except StopAudit:
+        pass
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            status, error = "error", f"the program exited with sys.exit({exc.code!r})"
+    except BaseException as exc:  # the program's failure is the audit's finding, never ours
+        traceback.print_exc()
+        status, error = "error", f"{type(exc).__name__}: {exc}".strip()[:2000]
+    finally:
+        if state.capture_active:
+            state.capture_active = False
+            try:
+                capture.__exit__(None, None, None)
+            except Exception:
+                pass
+    if state.redirect is not None:
+        state.redirect.remove()
+    modules.remove()
+    limiter.remove()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    state.write(status, error, code)
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

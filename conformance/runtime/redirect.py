@@ -1,0 +1,327 @@
+"""Run a CUDA program on a machine without CUDA: send every CUDA use to the device that is present.
+
+Used only inside the audit's child process, only while the audited program runs. The program
+should take its real CUDA code path (so the audit sees its real op mix), so:
+
+- device arguments (``"cuda"``, ``"cuda:N"``, ``torch.device("cuda")``, an int passed to ``.to``)
+  of factory functions, ``.to()``, ``.cuda()`` and ``Module.cuda()`` are rewritten to the present
+  device by a ``TorchFunctionMode``; ``.pin_memory()`` becomes a no-op;
+- ``torch.cuda.is_available()`` answers True, ``device_count()`` 1, and ``synchronize``,
+  ``set_device``, ``current_device``, ``manual_seed(_all)``, ``empty_cache``, ``memory_*``,
+  ``Stream``, ``Event``, ``stream`` are harmless stand-ins;
+- ``torch.cuda.amp.autocast`` / ``torch.autocast("cuda")`` autocast on the present device
+  (bfloat16 on the CPU: a dtype change, reported as a warning);
+- ``torch.cuda.amp.GradScaler`` / ``torch.amp.GradScaler("cuda")`` become disabled scalers;
+- ``torch.distributed.init_process_group("nccl")`` uses gloo, and DDP drops CUDA ``device_ids``.
+
+Every redirect is recorded once per (rule, source line) with a count, as a finding whose path and
+line are the first stack frame outside torch, HAL and the standard library (the user's line).
+:meth:`DeviceRedirect.install` patches process-global state; :meth:`remove` restores it. Not
+thread-safe to install/remove concurrently; recording takes no lock (CPython dict updates).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+from typing import Any, Callable, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+
+def _package_dirs() -> set[str]:
+    """Directories of torch, the standard library and every folder of the ``hal`` import root."""
+    import importlib.util
+    dirs = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"]}
+    for name in ("hal", "hal.conformance", "hal.backends", "hal.models"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            dirs.update(spec.submodule_search_locations)
+    return dirs
+
+
+_SKIP_DIRS = tuple(os.path.realpath(p) + os.sep for p in _package_dirs())
+
+RULES = {
+    "runtime-redirect-cuda-device": ("info", "CUDA device use ran on {dev} during the audit",
+                                     "use the target device (e.g. torch.device('mlu')) or hal.get_backend().torch_device()"),
+    "runtime-redirect-cuda-available": ("info", "torch.cuda.is_available() answered True during the audit so the "
+                                        "program took its CUDA path (it ran on {dev})",
+                                        "test the target's availability (torch.mlu.is_available()) or use hal.get_backend()"),
+    "runtime-redirect-cuda-api": ("info", "torch.cuda.{what} was replaced by a stand-in during the audit",
+                                  "call the target's module (torch.mlu.{what}) or the HAL backend's equivalent"),
+    "runtime-redirect-autocast": ("warning", "CUDA autocast ran as {dev} autocast in {dtype} during the audit "
+                                  "(the dtype the program asked for: {asked})",
+                                  "use torch.autocast(device_type=<target>) with a dtype the target supports"),
+    "runtime-redirect-grad-scaler": ("info", "a CUDA GradScaler ran disabled on {dev} during the audit",
+                                     "use torch.amp.GradScaler(<target>) (torch_mlu supports 'mlu')"),
+    "runtime-redirect-nccl": ("warning", "init_process_group({asked!r}) used gloo during the audit",
+                                "use the target's collective backend (cncl on MLU) or hal.collectives"),
+    "runtime-redirect-pin-memory": ("info", "pin_memory() was skipped during the audit (no CUDA host allocator)",
+                                    "pin memory through the target (torch_mlu supports pin_memory) or HAL memory"),
+    "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
+                                        "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
+}
+
+
+def user_frame() -> tuple[str, int]:
+    """``(path, line)`` of the innermost frame outside torch, HAL and the standard library."""
+    f = sys._getframe(1)
+    fallback = ("", 0)
+    while f is not None:
+        path = f.f_code.co_filename
+        if not path.startswith("<"):
+            real = os.path.realpath(path)
+            if not real.startswith(_SKIP_DIRS) and "site-packages" not in real:
+                return path, f.f_lineno
+            if not fallback[0]:
+                fallback = (path, f.f_lineno)
+        f = f.f_back
+    return fallback
+
+
+def _is_cuda(dev: Any) -> bool:
+    if isinstance(dev, torch.device):
+        return dev.type == "cuda"
+    if isinstance(dev, str):
+        return dev == "cuda" or dev.startswith("cuda:")
+    return False
+
+
+class _Stream:
+    """Stand-in for torch.cuda.Stream/Event: real objects whose methods do nothing (host order)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, *_: Any) -> None:
+        pass
+
+    def wait_event(self, *_: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event if event is not None else _Stream()
+
+    def record(self, *_: Any) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, *_: Any) -> None:
+        pass
+
+    def elapsed_time(self, *_: Any) -> float:
+        return 0.0
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+
+class DeviceRedirect(TorchFunctionMode):
+    """See the module docstring. ``device``: the device type that is present (``"cpu"`` here)."""
+
+    def __init__(self, device: str = "cpu", autocast_dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        self.device = device
+        self.autocast_dtype = autocast_dtype or (torch.bfloat16 if device == "cpu" else torch.float16)
+        self.records: dict[tuple[str, str, int], dict] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    # -- recording -------------------------------------------------------------------------------
+    def record(self, rule: str, **fmt: Any) -> None:
+        path, line = user_frame()
+        key = (rule, path, line)
+        rec = self.records.get(key)
+        if rec is None:
+            severity, message, fix = RULES[rule]
+            fmt.setdefault("dev", self.device)
+            self.records[key] = {"rule": rule, "path": path, "line": line, "severity": severity,
+                                 "message": message.format(**fmt), "fix": fix.format(**fmt), "count": 1}
+        else:
+            rec["count"] += 1
+
+    def findings(self) -> list[dict]:
+        return sorted(self.records.values(), key=lambda r: (r["path"], r["line"], r["rule"]))
+
+    # -- device arguments ------------------------------------------------------------------------
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and _is_cuda(dev):
+            kwargs = dict(kwargs, device=self.device)
+            self.record("runtime-redirect-cuda-device")
+        if func is _TENSOR_CUDA:
+            self.record("runtime-redirect-cuda-device")
+            kwargs.pop("device", None)
+            return args[0].to(self.device, **{k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")})
+        if func is _TENSOR_PIN:
+            self.record("runtime-redirect-pin-memory")
+            return args[0]
+        if kwargs.get("pin_memory"):
+            kwargs = dict(kwargs, pin_memory=False)
+            self.record("runtime-redirect-pin-memory")
+        if func is _TENSOR_TO and len(args) > 1:
+            first = args[1]
+            if _is_cuda(first) or (isinstance(first, int) and not isinstance(first, bool)):
+                args = (args[0], self.device, *args[2:])
+                self.record("runtime-redirect-cuda-device")
+        return func(*args, **kwargs)
+
+    # -- torch.cuda, amp, distributed ------------------------------------------------------------
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        if not hasattr(owner, name):
+            return
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def _api(self, what: str, result: Any = None) -> Callable[..., Any]:
+        def stand_in(*_a: Any, **_k: Any) -> Any:
+            self.record("runtime-redirect-cuda-api", what=what)
+            return result() if callable(result) else result
+        stand_in.__name__ = what
+        return stand_in
+
+    def install(self) -> None:
+        cuda = torch.cuda
+        redirect = self
+
+        def is_available() -> bool:
+            redirect.record("runtime-redirect-cuda-available")
+            return True
+
+        self._patch(cuda, "is_available", is_available)
+        for name, result in [("device_count", 1), ("current_device", 0), ("synchronize", None),
+                             ("set_device", None), ("empty_cache", None), ("memory_allocated", 0),
+                             ("max_memory_allocated", 0), ("memory_reserved", 0), ("max_memory_reserved", 0),
+                             ("reset_peak_memory_stats", None), ("reset_max_memory_allocated", None),
+                             ("get_device_name", "audit-redirect"), ("is_bf16_supported", True),
+                             ("init", None), ("ipc_collect", None), ("get_device_capability", (8, 0)),
+                             ("current_stream", _Stream), ("default_stream", _Stream)]:
+            self._patch(cuda, name, self._api(name, result))
+        self._patch(cuda, "manual_seed", self._seed("manual_seed"))
+        self._patch(cuda, "manual_seed_all", self._seed("manual_seed_all"))
+        self._patch(cuda, "Stream", self._stand_in_class("Stream"))
+        self._patch(cuda, "Event", self._stand_in_class("Event"))
+        self._patch(cuda, "stream", lambda *_a, **_k: (redirect.record("runtime-redirect-cuda-api", what="stream"),
+                                                        contextlib.nullcontext())[1])
+        self._patch(cuda, "device", self._device_ctx())
+        self._install_amp()
+        self._install_distributed()
+        self.__enter__()
+
+    def _seed(self, what: str) -> Callable[..., Any]:
+        def seed(value: int) -> None:
+            self.record("runtime-redirect-cuda-api", what=what)  # CUDA generators only: nothing to seed
+        return seed
+
+    def _stand_in_class(self, what: str) -> type:
+        redirect = self
+
+        class StandIn(_Stream):
+            def __init__(self, *a: Any, **k: Any) -> None:
+                redirect.record("runtime-redirect-cuda-api", what=what)
+
+        StandIn.__name__ = what
+        return StandIn
+
+    def _device_ctx(self) -> Callable[..., Any]:
+        def device(*_a: Any, **_k: Any) -> Any:
+            self.record("runtime-redirect-cuda-api", what="device")
+            return contextlib.nullcontext()
+        return device
+
+    def _install_amp(self) -> None:
+        redirect = self
+        base = torch.amp.autocast_mode.autocast
+
+        class RedirectedAutocast(base):  # type: ignore[misc, valid-type]
+            def __init__(self, device_type: str = "cuda", dtype: Optional[torch.dtype] = None,
+                         enabled: bool = True, cache_enabled: Optional[bool] = None) -> None:
+                if device_type == "cuda":
+                    asked = str(dtype or torch.float16).replace("torch.", "")
+                    device_type, dtype = redirect.device, redirect.autocast_dtype
+                    if enabled:
+                        redirect.record("runtime-redirect-autocast", dtype=str(dtype).replace("torch.", ""), asked=asked)
+                super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+        class CudaAmpAutocast(RedirectedAutocast):
+            def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16,
+                         cache_enabled: bool = True) -> None:
+                super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+        scaler_base = torch.amp.GradScaler
+
+        class RedirectedGradScaler(scaler_base):  # type: ignore[misc, valid-type]
+            def __init__(self, device: str = "cuda", *args: Any, enabled: bool = True, **kwargs: Any) -> None:
+                if device == "cuda":
+                    redirect.record("runtime-redirect-grad-scaler")
+                    device, enabled = redirect.device, False
+                super().__init__(device, *args, enabled=enabled, **kwargs)
+
+        class CudaGradScaler(RedirectedGradScaler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__("cuda", *args, **kwargs)
+
+        self._patch(torch, "autocast", RedirectedAutocast)
+        self._patch(torch.amp, "autocast", RedirectedAutocast)
+        self._patch(torch.amp, "GradScaler", RedirectedGradScaler)
+        import torch.cuda.amp as cuda_amp
+        self._patch(cuda_amp, "autocast", CudaAmpAutocast)
+        self._patch(cuda_amp, "GradScaler", CudaGradScaler)
+
+    def _install_distributed(self) -> None:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d as c10d
+        real_init = c10d.init_process_group
+        redirect = self
+
+        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+            kw_backend = kwargs.pop("backend", None)
+            backend = backend if backend is not None else kw_backend
+            if backend is not None and "nccl" in str(backend).lower():
+                redirect.record("runtime-redirect-nccl", asked=str(backend))
+                backend = "gloo"
+            return real_init(backend, *args, **kwargs)
+
+        self._patch(dist, "init_process_group", init_process_group)
+        self._patch(c10d, "init_process_group", init_process_group)
+        if self.device == "cpu":
+            from torch.nn.parallel import distributed as ddp_mod
+            real_ddp_init = ddp_mod.DistributedDataParallel.__init__
+
+            def ddp_init(module_self: Any, module: Any, device_ids: Any = None, output_device: Any = None,
+                         *args: Any, **kwargs: Any) -> None:
+                if device_ids is not None or output_device is not None:
+                    redirect.record("runtime-redirect-ddp-device-ids", asked=device_ids)
+                real_ddp_init(module_self, module, None, None, *args, **kwargs)
+
+            self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
+
+    def remove(self) -> None:
+        try:
+            self.__exit__(None, None, None)
+        finally:
+            for owner, name, value in reversed(self._saved):
+                setattr(owner, name, value)
+            self._saved = []
+
+
+_TENSOR_CUDA = torch.Tensor.cuda
+_TENSOR_TO = torch.Tensor.to
+_TENSOR_PIN = torch.Tensor.pin_memory

@@ -1,0 +1,121 @@
+"""Run the audit child in its own process group, bounded in time and in memory.
+
+:func:`run_child` starts ``python -m hal.conformance.runtime.child SPEC`` with
+``start_new_session=True``, tails its merged stdout/stderr through a reader thread into a bounded
+deque (the last :data:`TAIL_LINES` lines, each cut to :data:`MAX_LINE` characters: megabytes of
+output never accumulate), enforces the timeout (SIGTERM to the whole group, so the child writes
+its partial result, then SIGKILL after a grace period), and always kills the group before
+returning so no process the program started outlives the audit. It classifies how the child
+ended: its own result file when it wrote one, else the exit status (a signal -> ``crashed`` with
+the signal's name). Never raises for a failing program.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+TAIL_LINES = 40
+MAX_LINE = 400
+TERM_GRACE_S = 3.0
+
+
+class _Tail:
+    def __init__(self, stream) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.bytes_seen = 0
+        self._partial = b""
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        while True:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            if not chunk:
+                break
+            self.bytes_seen += len(chunk)
+            data = self._partial + chunk
+            parts = data.split(b"\n")
+            self._partial = parts.pop()[-4 * MAX_LINE:]
+            for p in parts[-TAIL_LINES:]:
+                self.lines.append(self._text(p))
+        if self._partial:
+            self.lines.append(self._text(self._partial))
+
+    @staticmethod
+    def _text(raw: bytes) -> str:
+        s = raw.decode("utf-8", "replace").rstrip("\r")
+        return s if len(s) <= MAX_LINE else s[:MAX_LINE] + " [...]"
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: Optional[dict] = None) -> dict:
+    """Run the child; return ``{"run": {...}, plus the child's result keys when it wrote them}``."""
+    cmd = [sys.executable, "-m", "hal.conformance.runtime.child", spec_path]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
+    tail = _Tail(proc.stdout)
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    finally:
+        _kill_group(proc.pid, signal.SIGKILL)  # whatever the program left behind in its group
+        if proc.poll() is None:
+            proc.wait()
+    tail.join(5.0)
+    proc.stdout.close()
+    seconds = round(time.perf_counter() - t0, 3)
+    result: dict = {}
+    if os.path.exists(result_path):
+        try:
+            with open(result_path) as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            result = {}
+    run = dict(result.get("run") or {})
+    rc = proc.returncode
+    if timed_out:
+        run.update(status="timeout", error=f"the program did not finish within the {timeout:g} s timeout "
+                                           f"and was stopped", exit_code=None)
+    elif rc is not None and rc < 0:
+        run.update(status="crashed", error=f"the program was killed by {_signal_name(-rc)}", exit_code=rc)
+    elif not run:
+        run.update(status="crashed", error=f"the program ended with exit code {rc} before the audit could record "
+                                           "a result", exit_code=rc)
+    run.setdefault("steps", 0)
+    run["seconds"] = seconds
+    run["output_tail"] = list(tail.lines)
+    run["output_bytes"] = tail.bytes_seen
+    result["run"] = run
+    return result
