@@ -52,12 +52,13 @@ class ReduceOp(str, enum.Enum):
             raise ValueError(f"unknown reduce op {op!r}; one of {', '.join(m.value for m in cls)}") from None
 
 
-_TIMEOUT_MARKERS = ("timed out", "timeout", "Timeout")
+_TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 _UNSUPPORTED_MARKERS = ("does not support", "not supported", "Unsupported", "unsupported")
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    return any(m in str(exc) for m in _TIMEOUT_MARKERS)
+    text = str(exc).lower()
+    return any(m in text for m in _TIMEOUT_MARKERS)
 
 
 class Communicator:
@@ -105,7 +106,7 @@ class Communicator:
             kwargs.pop("device_id", None)
             dist.init_process_group(**kwargs)
         except Exception as exc:
-            if _is_timeout(exc) or isinstance(exc, (dist.DistStoreError,) if hasattr(dist, "DistStoreError") else ()):
+            if _is_timeout(exc):
                 raise CollectiveTimeoutError("rendezvous", timeout_s, str(exc).splitlines()[0]) from exc
             raise CollectiveError(f"init_process_group({backend.dist_backend}) failed: {exc}") from exc
         return cls(backend, dist.group.WORLD, timeout_s, device)
