@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hal.backend import Availability, Backend, DeviceProperties
+from hal.environment import cpu_name
 from hal.memory import MemoryStats
 from hal.streams import HostEvent, HostStream, current_host_stream
 
@@ -64,7 +65,7 @@ class CpuBackend(Backend):
             raise IndexError(f"cpu has one device, not {index + 1}")
         import psutil
         return DeviceProperties(
-            index=0, name=platform.processor() or platform.machine(),
+            index=0, name=cpu_name(),
             total_memory=int(psutil.virtual_memory().total), capability=None, dtypes=_CPU_DTYPES,
             features=tuple(sorted(f for f in ("avx2", "avx512", "neon") if self._cpu_has(f))),
             extra={"threads": torch.get_num_threads(), "logical_cores": os.cpu_count()})

@@ -1,0 +1,79 @@
+"""The environment fingerprint recorded with every published figure.
+
+:func:`fingerprint` returns plain data: Python, platform, CPU, torch, the git commit of the HAL
+checkout (when it is one), the command line, the UTC time, and for every installed backend its
+availability, reason, library versions and devices (name, memory, capability, driver where the
+backend reports one). Never raises: a part that cannot be read says why.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def git_commit(path: Optional[Path] = None) -> str:
+    """The commit of the checkout HAL runs from (``+dirty`` when it has local changes), or ``"unknown"``."""
+    where = path or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        if not sha:
+            return os.environ.get("HAL_COMMIT", "unknown")
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except Exception:
+        return os.environ.get("HAL_COMMIT", "unknown")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fingerprint(include_devices: bool = True) -> dict:
+    """See the module docstring."""
+    import torch
+
+    import hal
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "hal": hal.__version__,
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "",
+        "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "backends": {},
+    }
+    for info in hal.list_backends():
+        entry: dict = {"available": info.available, "reason": info.reason}
+        if info.cls is not None:
+            try:
+                entry["versions"] = info.cls.versions()
+            except Exception as exc:
+                entry["versions"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if include_devices and info.available:
+            try:
+                entry["devices"] = [{k: v for k, v in d.as_dict().items() if k in
+                                     ("index", "name", "total_memory", "capability", "extra")}
+                                    for d in hal.get_backend(info.name).devices()]
+            except Exception as exc:
+                entry["devices"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+        env["backends"][info.name] = entry
+    return env
