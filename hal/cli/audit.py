@@ -1,9 +1,222 @@
-"""``hal-audit``: placeholder until the audit CLI lands (issue 4)."""
+"""``hal-audit``: audit a CUDA program for a target backend (DESIGN.md section 4, the contract).
+
+    hal-audit TARGET [options] [-- ARGS passed to the audited script]
+
+TARGET is a ``.py`` file (static audit of the file, then run as a script unless ``--static-only``),
+``file.py:func`` (static audit of the file; ``func()`` returns the workload to run), a folder
+(static audit of every ``.py`` below it), a reference model name (``gpt``) or a ``.onnx`` file.
+The run part is :mod:`hal.conformance.runtime` (behind :func:`_run_dynamic`); when it is not
+installed the run is recorded as skipped and the static findings are still written.
+
+Reports go through the one writer (:mod:`hal.conformance.report`) into ``--out`` (default
+``./hal-audit-out``): ``audit.json`` always, ``audit.md``, ``audit.html``, ``audit.sarif``, and
+``migration.patch`` with ``--fix``. Nothing is written outside ``--out``; audited files are never
+edited.
+
+Exit codes (checked in this order): 2 bad input or usage (one line on stderr, no report);
+3 the audited program failed (run.status error, timeout or crashed; the report is written);
+1 a ``--fail-on`` condition holds: ``finding`` = at least one error-severity finding,
+``fallback`` = at least one op with status ``fallback``, ``precision`` = precision.first_divergence
+is not null or precision.verdict is "fail"; 0 otherwise.
+"""
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import time
+from typing import Optional
+
+from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, emit, run_cli)
+
+PROG = "hal-audit"
+DEFAULT_OUT = "hal-audit-out"
+FAILED_RUN = ("error", "timeout", "crashed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Audit a CUDA PyTorch program for a target backend: device-specific code with a "
+                               "patch, ops that would fall back, dtype risks, precision and profile.",
+        epilog="Exit codes: 0 completed; 1 a --fail-on condition held; 2 bad input or usage; "
+               "3 the audited program failed (report still written).")
+    p.add_argument("target", metavar="TARGET",
+                   help="file.py | file.py:func | folder | reference model name (e.g. gpt) | model.onnx")
+    p.add_argument("--device", default="mlu", metavar="NAME",
+                   help="target backend: any installed plugin (cpu, cuda, mlu, ...); default: mlu")
+    p.add_argument("--static-only", action="store_true", help="never import or execute the audited code")
+    p.add_argument("--precision", action="store_true", help="compare the run against a float64 reference")
+    p.add_argument("--profile", action="store_true", help="per-op time and memory on the target")
+    p.add_argument("--steps", type=int, metavar="N", help="stop after N optimizer steps / forward passes")
+    p.add_argument("--timeout", type=float, metavar="SEC", help="bound on the audited program's run")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"report folder (default: ./{DEFAULT_OUT}): audit.json always, audit.md, audit.html, "
+                        "audit.sarif, and migration.patch with --fix")
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="what goes to stdout")
+    p.add_argument("--fail-on", choices=("finding", "fallback", "precision"),
+                   help="exit 1 when: an error-severity finding exists | an op falls back | precision diverges")
+    p.add_argument("--fix", action="store_true", help="write migration.patch (unified diff) into --out")
+    p.add_argument("--fix-to", choices=("device", "hal"), default="device",
+                   help="device: CUDA names become the target's (default); hal: device-neutral calls")
+    return p
+
+
+def parse_args(argv: Optional[list]) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    args.args = extra
+    return args
+
+
+def classify(target: str) -> tuple[str, str]:
+    """(kind, path): kind is folder | script | func | model | onnx. Raises CliError for bad input."""
+    if os.path.isdir(target):
+        return "folder", target
+    if os.path.isfile(target):
+        if target.endswith(".onnx"):
+            return "onnx", target
+        if not target.endswith(".py"):
+            raise CliError(f"{target}: not a Python file (expected a .py file, file.py:func, a folder, "
+                           "a reference model name or a .onnx file)")
+        return "script", target
+    path, sep, func = target.rpartition(":")
+    if sep and path.endswith(".py"):
+        if not os.path.isfile(path):
+            raise CliError(f"{path}: no such file")
+        if not func.isidentifier():
+            raise CliError(f"{target}: expected file.py:function_name")
+        return "func", path
+    if target.endswith((".py", ".onnx")) or os.sep in target or "/" in target:
+        raise CliError(f"{target}: no such file or folder")
+    if not target.isidentifier() and not target.replace("-", "_").isidentifier():
+        raise CliError(f"{target}: no such file, folder or reference model")
+    return "model", target
+
+
+def _target_info(device: str) -> dict:
+    import hal
+    infos = {i.name: i for i in hal.list_backends()}
+    info = infos.get(device)
+    if info is None:
+        raise CliError(f"unknown device {device!r}; valid: {', '.join(sorted(infos)) or 'none installed'}")
+    return {"device": device, "available": bool(info.available), "verified": False, "reason": info.reason,
+            "device_type": info.cls.device_type if info.cls is not None else device}
+
+
+def _run_dynamic(request: dict) -> dict:
+    """Run part of the audit (``hal.conformance.runtime.audit_target``), imported lazily.
+
+    Returns partial report sections. When the runtime audit is not installed the run is recorded as
+    skipped. A bad request (unknown model, ...) raises CliError (exit 2)."""
+    try:
+        from hal.conformance import runtime
+    except ModuleNotFoundError as exc:
+        if exc.name in ("hal.conformance.runtime",):
+            return {"run": {"status": "skipped", "steps": None, "seconds": None,
+                            "error": "runtime audit not installed"}}
+        raise
+    try:
+        return runtime.audit_target(request) or {}
+    except (ValueError, FileNotFoundError) as exc:
+        raise CliError(str(exc)) from None
+    except Exception as exc:
+        from hal.errors import HalError
+        if isinstance(exc, HalError):
+            raise CliError(str(exc)) from None
+        raise
+
+
+def _static(path: str, device: str):
+    from hal.conformance.migration import AuditInputError, RulesError, audit_static
+    try:
+        return audit_static(path, device)
+    except (AuditInputError, RulesError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def exit_code(report: dict, fail_on: Optional[str]) -> int:
+    """The contract's exit code for a written report (see the module docstring)."""
+    if (report.get("run") or {}).get("status") in FAILED_RUN:
+        return EXIT_PROGRAM_FAILED
+    if fail_on == "finding" and any(f.get("severity") == "error" for f in report.get("findings") or []):
+        return EXIT_FAIL_ON
+    if fail_on == "fallback" and any(o.get("status") == "fallback" for o in report.get("ops") or []):
+        return EXIT_FAIL_ON
+    if fail_on == "precision":
+        p = report.get("precision") or {}
+        if p and (p.get("first_divergence") is not None or p.get("verdict") == "fail"):
+            return EXIT_FAIL_ON
+    return EXIT_OK
+
+
+def handle(args: argparse.Namespace) -> int:
+    from hal.conformance import report as rep
+    from hal.conformance.migration import CATALOGUE
+    if args.steps is not None and args.steps < 1:
+        raise CliError(f"--steps must be a positive integer, not {args.steps}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise CliError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    target = _target_info(args.device)
+    kind, path = classify(args.target)
+    if args.static_only and kind in ("model", "onnx"):
+        raise CliError(f"--static-only needs Python source (a .py file or a folder), not a {kind} target")
+    if args.fix and kind in ("model", "onnx"):
+        raise CliError(f"--fix needs Python source (a .py file or a folder), not a {kind} target")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise CliError(f"--out {args.out}: exists and is not a folder")
+    target.update(source=args.target, kind=kind)
+
+    static = None
+    if kind in ("folder", "script", "func"):
+        static = _static(path, args.device)
+    findings = [f.as_dict(args.fix_to) for f in static.findings] if static else []
+    sections: dict = {}
+    if kind == "folder" or args.static_only:
+        run = {"status": "skipped", "steps": None, "seconds": None, "error": None,
+               "reason": "folder targets are audited statically" if kind == "folder" else "--static-only"}
+    else:
+        t0 = time.perf_counter()
+        request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
+                   "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
+                   "profile": bool(args.profile), "out": os.path.abspath(args.out)}
+        sections = _run_dynamic(request)
+        run = dict(sections.get("run") or {})
+        for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
+                     ("error", None)):
+            run.setdefault(k, v)
+        findings += list(sections.get("findings") or [])
+        if isinstance(sections.get("target"), dict):
+            target.update({k: v for k, v in sections["target"].items() if k in ("available", "verified", "reason")})
+    extra = {}
+    if static is not None:
+        extra["static"] = static.stats()
+    report = rep.new_report(target, run=run, findings=findings, ops=sections.get("ops") or [],
+                            precision=sections.get("precision"), profile=sections.get("profile"), **extra)
+    root = str(static.root) if static is not None else None
+    try:
+        written = {}
+        if args.fix:
+            written["patch"] = rep.write_artifact(args.out, "patch", static.patch(args.fix_to))
+            report["fix"] = {"flavour": args.fix_to, "patch": str(written["patch"]),
+                             "files": len(static.patched(args.fix_to)),
+                             "apply": f"cd {static.root} && patch -p1 < {os.path.abspath(written['patch'])}"}
+        written = {**rep.write_reports(report, args.out, CATALOGUE, root), **written}
+    except rep.ReportError as exc:
+        raise CliError(str(exc)) from None
+    if args.format == "text":
+        emit(rep.render(report, "text", written=written))
+    else:
+        emit(rep.render(report, args.format, CATALOGUE, root))
+    return exit_code(report, args.fail_on)
 
 
 def main(argv=None) -> int:
-    sys.stderr.write("hal-audit: error: not implemented yet\n")
-    return 2
+    return run_cli(lambda: parse_args(argv), handle, prog=PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Static migration audit: find every CUDA-specific line of a program and build a reviewable patch.
+
+Public API::
+
+    result = audit_static("path/to/file_or_dir", device="mlu")
+    result.findings            # [Finding], sorted by path, line, column
+    result.patch("device")     # unified diff: CUDA names -> the target's names (+ import torch_mlu)
+    result.patch("hal")        # unified diff: device-neutral calls into hal_portable
+
+Never imports or executes the audited code (it is parsed with :mod:`ast`). Rules are data: the
+target backend's ``migration_rules.yaml`` (:mod:`.rules`). Raises :class:`AuditInputError` for a
+missing path, a file that is not Python, binary or does not parse (file targets; inside a folder a
+broken file becomes a ``parse-error`` / ``unreadable`` finding and the scan goes on) and
+:class:`RulesError` for an unknown device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Optional, Union
+
+from hal.conformance.migration.files import CUDA_SUFFIXES, AuditInputError, iter_sources, read_python
+from hal.conformance.migration.patch import FLAVOURS, build_patch, patched_source
+from hal.conformance.migration.rules import CATALOGUE, RuleSet, RulesError, load_rules
+from hal.conformance.migration.scanner import Edit, FileScan, Finding, scan_source
+
+__all__ = ["audit_static", "StaticAudit", "Finding", "Edit", "FileScan", "AuditInputError", "RulesError",
+           "RuleSet", "load_rules", "CATALOGUE", "FLAVOURS"]
+
+
+@dataclasses.dataclass
+class StaticAudit:
+    """The result of one static audit. ``root`` is the folder paths are relative to."""
+
+    root: pathlib.Path
+    target: pathlib.Path
+    rules: RuleSet
+    scans: list
+    sources: dict
+    findings: list
+    files: int
+    lines: int
+    seconds: float
+
+    def patch(self, flavour: str = "device") -> str:
+        """The unified diff for ``flavour`` ("device" or "hal"); "" when nothing is fixable."""
+        if flavour not in FLAVOURS:
+            raise ValueError(f"unknown fix flavour {flavour!r}; one of {', '.join(FLAVOURS)}")
+        parts = []
+        for scan in self.scans:
+            before = self.sources[scan.path]
+            after = patched_source(scan, before, flavour, self.rules.import_module)
+            parts.append((scan.path, before, after))
+        return build_patch(parts)
+
+    def patched(self, flavour: str = "device") -> dict:
+        """``{rel_path: patched source}`` for every scanned file that the fix changes."""
+        out = {}
+        for scan in self.scans:
+            before = self.sources[scan.path]
+            after = patched_source(scan, before, flavour, self.rules.import_module)
+            if after != before:
+                out[scan.path] = after
+        return out
+
+    def stats(self) -> dict:
+        return {"files": self.files, "lines": self.lines, "seconds": round(self.seconds, 6),
+                "lines_per_s": round(self.lines / self.seconds) if self.seconds > 0 else None,
+                "rules_file": self.rules.source, "rules_provenance": dict(self.rules.provenance)}
+
+
+def _file_finding(rules: RuleSet, rule_id: str, rel: str, found: str, counterpart: Optional[str] = None,
+                  line: int = 1) -> Optional[Finding]:
+    rule = rules.rule(rule_id)
+    if rule is None:
+        return None
+    return Finding(rule_id, rel, line, 1, rule.severity, rule.render(found, counterpart), found, counterpart,
+                   line, 1)
+
+
+def audit_static(target: Union[str, pathlib.Path], device: str = "mlu", rules: Optional[RuleSet] = None) -> StaticAudit:
+    """Scan ``target`` (a .py file or a folder) for code that must change to run on ``device``."""
+    rules = rules or load_rules(device)
+    t0 = time.perf_counter()
+    target = pathlib.Path(target)
+    if not target.exists():
+        raise AuditInputError(f"{target}: no such file or folder")
+    scans, sources, findings = [], {}, []
+    n_files = n_lines = 0
+    if target.is_file():
+        if target.suffix != ".py":
+            raise AuditInputError(f"{target}: not a Python file (expected a .py file or a folder)")
+        root = target.resolve().parent
+        paths = [target.resolve()]
+        strict = True
+    else:
+        root = target.resolve()
+        paths = list(iter_sources(root))
+        strict = False
+    _, builder = rules.map_api("torch.utils.cpp_extension.CUDAExtension")
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        if path.suffix in CUDA_SUFFIXES:
+            f = _file_finding(rules, "cuda-source", rel, rel, builder)
+            if f:
+                findings.append(f)
+            continue
+        try:
+            source, tree = read_python(path, str(target) if strict else rel)
+        except AuditInputError as exc:
+            if strict:
+                raise
+            msg = str(exc)
+            line = 1
+            if ": syntax error: " in msg:
+                head = msg.split(": syntax error: ")[0]
+                line = int(head.rsplit(":", 1)[1]) if head.rsplit(":", 1)[-1].isdigit() else 1
+                f = _file_finding(rules, "parse-error", rel, msg.split(": ", 1)[1] if ": " in msg else msg, line=line)
+            else:
+                f = _file_finding(rules, "unreadable", rel, msg.split(": ", 1)[1] if ": " in msg else msg)
+            if f:
+                findings.append(f)
+            continue
+        scan = scan_source(source, rel, rules, tree)
+        n_files += 1
+        n_lines += scan.lines
+        scans.append(scan)
+        sources[rel] = source
+        findings.extend(scan.findings)
+    findings.sort(key=lambda f: (f.path, f.line, f.column, f.rule))
+    return StaticAudit(root, target, rules, scans, sources, findings, n_files, n_lines, time.perf_counter() - t0)

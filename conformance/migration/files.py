@@ -1,0 +1,65 @@
+"""Which files a static audit reads, and reading one safely (never importing or executing it).
+
+A target is a ``.py`` file or a folder: every ``.py`` below it, skipping virtual environments
+(any folder holding ``pyvenv.cfg``), VCS folders, caches and build output (:data:`SKIP_DIRS`).
+CUDA sources (``.cu``/``.cuh``) found on the way are returned too: they are findings themselves.
+
+:func:`read_python` raises :class:`AuditInputError` (one line, with the path and line) for a file
+that is binary, not decodable text, or does not parse.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import tokenize
+from typing import Iterator
+
+from hal.errors import HalError
+
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "build", "dist", ".venv", "venv", ".tox", ".nox",
+                       ".eggs", "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                       ".ipynb_checkpoints"})
+CUDA_SUFFIXES = (".cu", ".cuh")
+
+
+class AuditInputError(HalError):
+    """Bad audit input: missing path, not Python, binary, undecodable, syntax error."""
+
+
+def iter_sources(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Every ``.py`` and CUDA source below ``root``, sorted, pruning skipped folders."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        if "pyvenv.cfg" in filenames and pathlib.Path(dirpath) != root:
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+                             and not os.path.isfile(os.path.join(dirpath, d, "pyvenv.cfg")))
+        for name in sorted(filenames):
+            if name.endswith(".py") or name.endswith(CUDA_SUFFIXES):
+                yield pathlib.Path(dirpath, name)
+
+
+def read_python(path: pathlib.Path, display: str) -> tuple[str, ast.Module]:
+    """Source text and syntax tree of ``path``; ``display`` is the name used in error messages."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise AuditInputError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    if b"\0" in data[:65536]:
+        raise AuditInputError(f"{display}: binary file, not Python source")
+    try:
+        import io
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        source = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
+        raise AuditInputError(f"{display}: not valid Python source text ({type(exc).__name__})") from None
+    if source.startswith("\ufeff"):
+        source = source[1:]
+    try:
+        tree = ast.parse(source, filename=display)
+    except SyntaxError as exc:
+        raise AuditInputError(f"{display}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except ValueError as exc:  # e.g. source with null bytes beyond the sniffed prefix
+        raise AuditInputError(f"{display}: not valid Python source ({exc})") from None
+    return source, tree
