@@ -1,24 +1,8 @@
-"""The CUDA backend (CuPy, Triton, NCCL). Minimal probe; the full backend is being built (issue 7)."""
-from __future__ import annotations
+"""The CUDA backend (torch.cuda, CuPy, Triton, NCCL): the reference platform users migrate from.
 
-from hal.backend import Availability
-from hal.backends.null import NullBackend
+Entry point ``hal.backends.cuda:CudaBackend``. This package imports without CuPy, Triton or a GPU
+(CI has none); the probe says why the backend is unavailable there. See docs/cuda-backend.md.
+"""
+from hal.backends.cuda.backend import CudaBackend
 
-
-class CudaBackend(NullBackend):
-    name = "cuda"
-    device_type = "cuda"
-    priority = 200
-    dist_backend = "nccl"
-    device_files = ("/dev/nvidia[0-9]*",)
-
-    @classmethod
-    def probe(cls) -> Availability:
-        try:
-            import cupy  # noqa: F401
-        except Exception as exc:
-            return Availability.no(f"cupy is not importable ({type(exc).__name__}: {exc})")
-        import torch
-        if not torch.cuda.is_available():
-            return Availability.no("torch.cuda.is_available() is False")
-        return Availability.no("the CUDA backend is not implemented yet")
+__all__ = ["CudaBackend"]

@@ -1,0 +1,142 @@
+"""Triton kernels for the HAL op registry on CUDA, and the predicates that say which calls they take.
+
+Importing this package does not import Triton: :func:`register` does, and raises ImportError when
+Triton is missing (the backend then keeps torch's kernels only). Each predicate returns None when
+the kernel takes the call, else the reason it does not (the registry records it and tries the
+next implementation, torch's own CUDA kernel), so every call has a device implementation.
+
+The kernels follow torch's semantics and dtypes: float32, float16 and bfloat16 storage with
+float32 arithmetic; outputs have the input's dtype (softmax's ``dtype=`` argument aside).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from hal.backend import dtype_name
+from hal.backends.cuda.kernels._rows import KERNEL_DTYPES, MAX_BLOCK
+
+#: HAL op name -> (module, function, predicate name)
+KERNELS = {
+    "softmax": ("softmax", "softmax", "supports_softmax"),
+    "log_softmax": ("softmax", "log_softmax", "supports_softmax"),
+    "layer_norm": ("norms", "layer_norm", "supports_layer_norm"),
+    "rms_norm": ("norms", "rms_norm", "supports_rms_norm"),
+    "add_rms_norm": ("norms", "add_rms_norm", "supports_add_rms_norm"),
+    "silu_and_mul": ("silu_and_mul", "silu_and_mul", "supports_silu_and_mul"),
+    "cross_entropy": ("cross_entropy", "cross_entropy", "supports_cross_entropy"),
+}
+PRIORITY = 10
+
+
+def _tensor_reason(x: Any) -> Optional[str]:
+    if not isinstance(x, torch.Tensor):
+        return "input is not a tensor"
+    if x.device.type != "cuda":
+        return f"input is on {x.device.type}, not cuda"
+    if dtype_name(x.dtype) not in KERNEL_DTYPES:
+        return f"dtype {dtype_name(x.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
+    if x.dim() == 0 or x.numel() == 0:
+        return "0-d or empty input"
+    return None
+
+
+def supports_softmax(input: Any, dim: int = -1, dtype: Optional[torch.dtype] = None, **_: Any) -> Optional[str]:
+    why = _tensor_reason(input)
+    if why:
+        return why
+    if dim not in (-1, input.dim() - 1):
+        return f"softmax over dim {dim}, not the last dim (the kernel reduces contiguous rows)"
+    if dtype is not None and dtype_name(dtype) not in KERNEL_DTYPES:
+        return f"output dtype {dtype_name(dtype)} is not one of {sorted(KERNEL_DTYPES)}"
+    return None
+
+
+def _trailing(input: torch.Tensor, normalized_shape: Sequence[int], *params: Any) -> Optional[str]:
+    shape = tuple(int(s) for s in normalized_shape)
+    if not shape or tuple(input.shape[-len(shape):]) != shape:
+        return f"normalized_shape {shape} does not match the trailing dims of {tuple(input.shape)}"
+    n = 1
+    for s in shape:
+        n *= s
+    if n > MAX_BLOCK:
+        return f"rows of {n} elements exceed the single-block kernel's {MAX_BLOCK}"
+    for p in params:
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor) or p.device != input.device or p.numel() != n:
+            return "weight/bias is not a tensor of normalized_shape on the input's device"
+        if dtype_name(p.dtype) not in KERNEL_DTYPES:
+            return f"weight/bias dtype {dtype_name(p.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
+    return None
+
+
+def supports_layer_norm(input: Any, normalized_shape: Sequence[int] = (), weight: Any = None, bias: Any = None,
+                        eps: float = 1e-5, **_: Any) -> Optional[str]:
+    return _tensor_reason(input) or _trailing(input, normalized_shape, weight, bias)
+
+
+def supports_rms_norm(input: Any, normalized_shape: Sequence[int] = (), weight: Any = None,
+                      eps: Optional[float] = None, **_: Any) -> Optional[str]:
+    return _tensor_reason(input) or _trailing(input, normalized_shape, weight)
+
+
+def supports_add_rms_norm(input: Any, residual: Any = None, normalized_shape: Sequence[int] = (),
+                          weight: Any = None, eps: Optional[float] = None, **_: Any) -> Optional[str]:
+    why = _tensor_reason(input) or _trailing(input, normalized_shape, weight)
+    if why:
+        return why
+    if not isinstance(residual, torch.Tensor) or residual.shape != input.shape or residual.dtype != input.dtype \
+            or residual.device != input.device:
+        return "residual does not have the input's shape, dtype and device"
+    return None
+
+
+def supports_silu_and_mul(input: Any, **_: Any) -> Optional[str]:
+    why = _tensor_reason(input)
+    if why:
+        return why
+    if input.shape[-1] % 2:
+        return f"last dim {input.shape[-1]} is odd"
+    return None
+
+
+def supports_cross_entropy(input: Any, target: Any = None, weight: Any = None, ignore_index: int = -100,
+                           reduction: str = "mean", label_smoothing: float = 0.0, **_: Any) -> Optional[str]:
+    why = _tensor_reason(input)
+    if why:
+        return why
+    if input.dim() != 2:
+        return f"input has {input.dim()} dims; the kernel takes [rows, classes]"
+    if not isinstance(target, torch.Tensor) or target.dim() != 1 or target.shape[0] != input.shape[0] \
+            or target.dtype not in (torch.int64, torch.int32) or target.device != input.device:
+        return "target is not a class-index tensor [rows] (int64/int32) on the input's device"
+    if weight is not None:
+        return "class weights are not implemented in the kernel"
+    if label_smoothing:
+        return "label smoothing is not implemented in the kernel"
+    if reduction not in ("mean", "sum", "none"):
+        return f"unknown reduction {reduction!r}"
+    return None
+
+
+def load(op: str):
+    """``(kernel function, predicate)`` for HAL op ``op`` (imports Triton)."""
+    import importlib
+    module, fn, pred = KERNELS[op]
+    mod = importlib.import_module(f"hal.backends.cuda.kernels.{module}")
+    return getattr(mod, fn), globals()[pred]
+
+
+def register(registry: Any) -> list[str]:
+    """Register every Triton kernel into ``registry`` for device type ``cuda``; returns the op names.
+
+    Raises ImportError when Triton is not importable (nothing is registered then)."""
+    import triton  # noqa: F401  (fail before registering anything)
+    done = []
+    for op in KERNELS:
+        fn, pred = load(op)
+        registry.register(op, "cuda", fn, impl="triton", dtypes=KERNEL_DTYPES, priority=PRIORITY, supports=pred)
+        done.append(op)
+    return done

@@ -1,0 +1,148 @@
+"""Triton softmax and log_softmax over the last dim, forward and backward (imports Triton).
+
+Rows up to :data:`MAX_BLOCK` elements are read once and written once (one program per row, the row
+in registers); longer rows take the looped kernel, which keeps a running max and sum per lane
+(online softmax) in one read pass and writes in a second. Compute is float32 whatever the storage
+dtype; NaN and Inf propagate as in torch (a row holding NaN or +Inf comes out NaN; -Inf entries
+give 0, or -Inf for log_softmax).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for
+
+_BWD_BLOCK = 4096
+
+
+@triton.jit
+def _softmax_fwd(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    z = x - tl.max(x, 0)
+    e = tl.exp(z)
+    s = tl.sum(e, 0)
+    if LOG:
+        y = z - tl.log(s)
+    else:
+        y = e / s
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _online_max_sum(X, row_ptr_off, N, BLOCK: tl.constexpr):
+    """Row max and sum(exp(x - max)) in one pass over ``N`` elements, ``BLOCK`` at a time
+    (one exp per element: the running max is rescaled once per block, not per element)."""
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), 0)
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row_ptr_off + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        empty = m_new == -float("inf")  # everything so far is -inf: nothing to add yet
+        alpha = tl.where(empty, 0.0, tl.exp(m - m_new))
+        s = s * alpha + tl.where(empty, 0.0, tl.sum(tl.exp(x - m_new), 0))
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _softmax_fwd_loop(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_max, total = _online_max_sum(X, row * stride_x, N, BLOCK)
+    log_total = tl.log(total)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        z = x - row_max
+        if LOG:
+            y = z - log_total
+        else:
+            y = tl.exp(z) / total
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd(DY, Y, DX, stride_dy, stride_y, stride_dx, N, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    # softmax:     dx = y * (dy - sum(dy * y))
+    # log_softmax: dx = dy - exp(y) * sum(dy)
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            acc += dy
+        else:
+            y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += dy * y
+    dot = tl.sum(acc, 0)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            dx = dy - tl.exp(y) * dot
+        else:
+            dx = y * (dy - dot)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Softmax (or log_softmax) of ``x`` over its last dim, stored as ``out_dtype`` (default x's)."""
+    x2 = as_rows(x)
+    rows, n = x2.shape
+    y = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
+    block = next_power_of_2(n)
+    if block <= MAX_BLOCK:
+        _softmax_fwd[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, LOG=log,
+                              num_warps=num_warps_for(block))
+    else:
+        _softmax_fwd_loop[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=8192, LOG=log, num_warps=16)
+    return y.view(x.shape)
+
+
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: torch.dtype) -> torch.Tensor:
+    dy2, y2 = as_rows(dy), as_rows(y)
+    rows, n = y2.shape
+    dx = torch.empty((rows, n), dtype=in_dtype, device=y.device)
+    block = min(next_power_of_2(n), _BWD_BLOCK)
+    _softmax_bwd[(rows,)](dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n, BLOCK=block, LOG=log,
+                          num_warps=num_warps_for(block))
+    return dx.view(y.shape)
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """Autograd wrapper: saves the output (not the input) for the backward kernel."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype]):  # type: ignore[override]
+        y = softmax_forward(x, log, out_dtype)
+        ctx.save_for_backward(y)
+        ctx.log = log
+        ctx.in_dtype = x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return softmax_backward(dy, y, ctx.log, ctx.in_dtype), None, None
+
+
+def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``torch.softmax(input, dim, dtype=dtype)`` for the last dim (see :func:`supports_softmax`)."""
+    return SoftmaxFunction.apply(input, False, dtype)
+
+
+def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``torch.log_softmax(input, dim, dtype=dtype)`` for the last dim."""
+    return SoftmaxFunction.apply(input, True, dtype)

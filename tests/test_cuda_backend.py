@@ -1,0 +1,207 @@
+"""The CUDA backend: probe, devices, CuPy-pool memory with DLPack, streams shared with CuPy, the op
+registry's Triton routing, ATen routing and a training step through the kernels.
+
+The GPU tests skip with the backend's own probe reason where CUDA is not usable (CI); the tests at
+the top run everywhere and check what the backend does without CuPy, Triton or a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hal
+import hal.ops
+
+_INFO = {i.name: i for i in hal.list_backends()}.get("cuda")
+CUDA_OK = bool(_INFO and _INFO.available)
+needs_cuda = pytest.mark.skipif(not CUDA_OK, reason=f"cuda: {_INFO.reason if _INFO else 'backend not installed'}")
+
+
+# ---- everywhere -------------------------------------------------------------------------------
+def test_entry_point_and_probe_reason():
+    assert _INFO is not None and _INFO.target == "hal.backends.cuda:CudaBackend"
+    from hal.backends.cuda import CudaBackend
+    assert _INFO.cls is CudaBackend and CudaBackend.dist_backend == "nccl" and CudaBackend.device_type == "cuda"
+    if not CUDA_OK:
+        assert _INFO.reason and ("cupy" in _INFO.reason or "cuda" in _INFO.reason.lower())
+
+
+def test_package_imports_without_sdks():
+    for mod in ("hal.backends.cuda", "hal.backends.cuda.kernels", "hal.backends.cuda.interop",
+                "hal.backends.cuda.aten"):
+        importlib.import_module(mod)
+    if "cupy" not in sys.modules:  # importing the backend must not have pulled the SDKs in
+        assert "triton" not in sys.modules or CUDA_OK
+
+
+def test_rows_view_logic():
+    from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2
+    assert [next_power_of_2(n) for n in (1, 2, 3, 1000, 4096, 70001)] == [1, 2, 4, 1024, 4096, 131072]
+    base = torch.randn(10, 300)
+    v = as_rows(base[:, 20:276])
+    assert v.data_ptr() == base[:, 20:276].data_ptr() and v.stride() == (300, 1)  # a view, not a copy
+    t = as_rows(base.t())
+    assert t.is_contiguous() and torch.equal(t, base.t())
+    assert as_rows(torch.randn(2, 3, 5)).shape == (6, 5)
+
+
+def test_predicates_reject_with_reasons():
+    from hal.backends.cuda import kernels
+    cpu = torch.randn(4, 8)
+    assert "cpu" in kernels.supports_softmax(cpu)
+    meta = torch.empty(4, 8, device="meta")
+    assert "not cuda" in kernels.supports_layer_norm(meta, (8,))
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda():
+    if not CUDA_OK:
+        pytest.skip(f"cuda: {_INFO.reason if _INFO else 'backend not installed'}")
+    return hal.get_backend("cuda")
+
+
+@needs_cuda
+def test_versions_and_properties(cuda):
+    v = cuda.versions()
+    assert {"torch", "cupy", "cuda_torch"} <= set(v), v
+    p = cuda.device_properties(0)
+    assert p.capability >= (7, 0) and p.total_memory > 0 and "bfloat16" in p.dtypes
+    assert p.extra["multi_processor_count"] > 0
+    if "H200" in p.name:
+        assert p.peaks["copy_bytes_per_s"] == 4.3e12 and "H200" in p.peaks_source
+    with pytest.raises(IndexError):
+        cuda.device_properties(cuda.device_count())
+    import os
+    assert os.environ.get("NCCL_NVLS_ENABLE") == "0"
+
+
+@needs_cuda
+def test_allocate_is_cupy_pool_memory_shared_with_torch(cuda):
+    import cupy
+    from hal.backends.cuda import interop
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    t = cuda.allocate((1024, 257), torch.bfloat16)
+    assert pool.used_bytes() - before >= 1024 * 257 * 2
+    t.fill_(1.5)
+    view = interop.cupy_from_tensor(t)  # bf16 -> uint16 view of the same bytes
+    assert view.data.ptr == t.data_ptr()
+    f = cuda.allocate((100,), torch.float32)
+    c = interop.cupy_from_tensor(f)
+    c[...] = cupy.arange(100, dtype=cupy.float32)  # written by CuPy, read by torch: zero copy
+    assert torch.equal(f.cpu(), torch.arange(100, dtype=torch.float32))
+    back = interop.tensor_from_cupy(c)
+    assert back.data_ptr() == f.data_ptr()
+    del t, view, f, c, back
+    assert pool.used_bytes() <= before + 512  # blocks went back to the pool
+
+
+@needs_cuda
+def test_memory_stats_peak_is_torch_peak_plus_cupy(cuda):
+    cuda.synchronize()
+    cuda.reset_peak_memory_stats()
+    x = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    del x
+    s = cuda.memory_stats()
+    import cupy
+    assert s.peak == torch.cuda.max_memory_allocated() + cupy.get_default_memory_pool().used_bytes()
+    assert s.peak >= 32 << 20 and "cupy" in s.source and s.total > s.free > 0
+
+
+@needs_cuda
+def test_streams_round_trip_with_cupy(cuda):
+    import cupy
+    from hal.backends.cuda import interop
+    s = cuda.create_stream()
+    cs = interop.cupy_stream_from_torch(s)
+    assert cs.ptr == s.raw.cuda_stream
+    x = torch.randn(1 << 20, device="cuda")
+    cuda.synchronize()
+    with cs:  # CuPy work on the torch stream ...
+        arr = interop.cupy_from_tensor(x)
+        arr *= 2
+    with cuda.use_stream(s):  # ... is ordered before torch work on the same stream
+        y = x + 1
+    s.synchronize()
+    assert torch.allclose(y, interop.tensor_from_cupy(arr) + 1)
+    native = cupy.cuda.Stream(non_blocking=True)
+    ts = interop.torch_stream_from_cupy(native)
+    assert ts.raw.cuda_stream == native.ptr
+    with cuda.use_stream(ts):
+        z = torch.ones(10, device="cuda") * 3
+    ev = ts.record_event()
+    ev.synchronize()
+    assert ts.query() and z.sum().item() == 30
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_registry_routes_to_triton_with_reasons(cuda, dtype):
+    pytest.importorskip("triton")
+    x = torch.randn(64, 100, device="cuda", dtype=dtype)
+    for op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm", "silu_and_mul", "cross_entropy"):
+        res = hal.ops.resolve(op, x.device, dtype)
+        assert res.impl is not None and res.impl.impl == "triton", (op, res)
+    res = hal.ops.REGISTRY.resolve("softmax", "cuda", str(dtype).split(".")[1], (x, 0), {})
+    assert res.impl.impl == "torch" and any("not the last dim" in r for r in res.rejected)
+    torch.testing.assert_close(hal.ops.softmax(x, 0), torch.softmax(x, 0))  # non-last dim: torch's kernel
+    res64 = hal.ops.resolve("softmax", x.device, torch.float64)
+    assert res64.impl.impl == "torch"
+
+
+@needs_cuda
+def test_aten_routing_switch(cuda):
+    pytest.importorskip("triton")
+    from hal.backends.cuda import aten
+    model = torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.LayerNorm(96), torch.nn.Softmax(-1)).cuda()
+    x = torch.randn(33, 96, device="cuda", requires_grad=True)
+    ref = model(x)
+    ref.sum().backward()
+    g_ref = x.grad.clone()
+    x.grad = None
+    before = dict(aten.CALLS)
+    with aten.routed():
+        out = model(x)
+        (out.sum()).backward()
+        lsm = F.log_softmax(x, 0)
+    assert aten.CALLS["native_layer_norm"] > before["native_layer_norm"]
+    assert aten.CALLS["_softmax"] > before["_softmax"] and aten.CALLS["_log_softmax"] > before["_log_softmax"]
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, g_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lsm, torch.log_softmax(x, 0))
+    assert not aten.is_routed()
+    n = dict(aten.CALLS)
+    torch.softmax(x, -1)
+    assert aten.CALLS == n
+
+
+@needs_cuda
+def test_training_step_through_hal_ops_matches_torch(cuda):
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    d, vocab = 128, 1000
+    emb = torch.randn(vocab, d, device="cuda", dtype=torch.bfloat16) * 0.02
+    w_in = (torch.randn(d, 4 * d, device="cuda", dtype=torch.bfloat16) * 0.05).requires_grad_()
+    w_out = (torch.randn(2 * d, vocab, device="cuda", dtype=torch.bfloat16) * 0.05).requires_grad_()
+    g = torch.ones(d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    tokens = torch.randint(0, vocab, (64,), device="cuda")
+    target = torch.randint(0, vocab, (64,), device="cuda")
+
+    def step(ops):
+        h = emb[tokens]
+        y, _ = ops.add_rms_norm(h, h, (d,), g, 1e-6)
+        logits = ops.silu_and_mul(y @ w_in) @ w_out
+        loss = ops.cross_entropy(logits, target)
+        grads = torch.autograd.grad(loss, (w_in, w_out, g))
+        return loss, grads
+
+    loss, grads = step(hal.ops)
+    ref_loss, ref_grads = step(__import__("hal.ops.torch_impl", fromlist=["x"]))
+    torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-3)

@@ -1,0 +1,235 @@
+"""The CUDA backend's Triton kernels against a float64 reference, forward and backward.
+
+Runs on a CUDA GPU with Triton; skips elsewhere with the CUDA backend's own probe reason. Every
+check compares with torch in float64 on the CPU (inputs rounded to the test dtype first) within a
+per-dtype tolerance; outputs are allocated over memory poisoned with NaN, so an element the kernel
+never writes fails the check. Shapes cover non-powers of two, one row, 3-D inputs, rows longer than
+the single-block limit, non-contiguous inputs (transposed, column slices), NaN and Inf.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hal
+
+_INFO = {i.name: i for i in hal.list_backends()}.get("cuda")
+pytestmark = pytest.mark.skipif(not (_INFO and _INFO.available),
+                                reason=f"cuda: {_INFO.reason if _INFO else 'backend not installed'}")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+       torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+GRAD_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=4e-3, atol=4e-3),
+            torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+SHAPES = [(1, 1000), (67, 129), (3, 5, 257), (8, 4096)]
+
+
+@pytest.fixture(scope="module")
+def k():
+    pytest.importorskip("triton", reason="triton is not importable: the CUDA backend registers torch kernels only")
+    from hal.backends.cuda.kernels import cross_entropy, norms, silu_and_mul, softmax
+    return {"softmax": softmax, "norms": norms, "silu": silu_and_mul, "ce": cross_entropy}
+
+
+def poison():
+    """Leave NaN in the caching allocator's free blocks so unwritten outputs show up."""
+    junk = torch.full((64 << 20,), float("nan"), device="cuda")
+    del junk
+
+
+def rand(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def check(out, ref, dtype, tol=TOL):
+    assert out.dtype == dtype or dtype is None
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach().double(), equal_nan=True, **tol[out.dtype])
+
+
+# ---- softmax / log_softmax --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + [(2, 70001)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_forward(k, dtype, shape, log):
+    x = rand(shape, dtype, 1, scale=3.0)
+    poison()
+    out = (k["softmax"].log_softmax if log else k["softmax"].softmax)(x.cuda())
+    ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(67, 129), (2, 70001)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_backward(k, dtype, shape, log):
+    x = rand(shape, dtype, 2).cuda().requires_grad_()
+    dy = rand(shape, dtype, 3)
+    y = (k["softmax"].log_softmax if log else k["softmax"].softmax)(x)
+    poison()
+    y.backward(dy.cuda())
+    xd = x.detach().cpu().double().requires_grad_()
+    (torch.log_softmax if log else torch.softmax)(xd, -1).backward(dy.double())
+    check(x.grad, xd.grad, dtype, GRAD_TOL)
+
+
+def test_softmax_output_dtype_and_noncontiguous(k):
+    base = rand((300, 64), torch.bfloat16, 4).cuda()
+    xt = base.t()  # last dim not contiguous: copied to rows
+    check(k["softmax"].softmax(xt), torch.softmax(xt.cpu().double(), -1), torch.bfloat16)
+    xs = base[:, 5:50]  # a column slice: a strided view, no copy
+    check(k["softmax"].log_softmax(xs), torch.log_softmax(xs.cpu().double(), -1), torch.bfloat16)
+    out = k["softmax"].softmax(base, -1, torch.float32)
+    assert out.dtype == torch.float32
+    check(out, torch.softmax(base.cpu().double(), -1), torch.float32)
+
+
+@pytest.mark.parametrize("n", [33, 70001])
+def test_softmax_nan_inf(k, n):
+    x = rand((5, n), torch.float32, 5)
+    x[1, 3] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, 9] = -float("inf")
+    x[4, :] = -float("inf")
+    for log in (False, True):
+        out = (k["softmax"].log_softmax if log else k["softmax"].softmax)(x.cuda())
+        ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+        assert torch.equal(out.cpu().isnan(), ref.isnan())
+        check(out, ref, torch.float32)
+
+
+# ---- layer_norm / rms_norm / add_rms_norm ------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_layer_norm_forward(k, dtype, shape):
+    n = shape[-1]
+    x, w, b = rand(shape, dtype, 6, 2.0) + 0.5, rand((n,), dtype, 7), rand((n,), dtype, 8)
+    poison()
+    out = k["norms"].layer_norm(x.cuda(), (n,), w.cuda(), b.cuda(), 1e-5)
+    check(out, F.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5), dtype)
+    out = k["norms"].layer_norm(x.cuda(), (n,))
+    check(out, F.layer_norm(x.double(), (n,)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norms_forward(k, dtype, shape):
+    n = shape[-1]
+    x, r, w = rand(shape, dtype, 9, 2.0), rand(shape, dtype, 10), rand((n,), dtype, 11)
+    poison()
+    check(k["norms"].rms_norm(x.cuda(), (n,), w.cuda(), 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6), dtype)
+    check(k["norms"].rms_norm(x.cuda(), (n,)), F.rms_norm(x.double(), (n,), eps=torch.finfo(dtype).eps), dtype)
+    y, h = k["norms"].add_rms_norm(x.cuda(), r.cuda(), (n,), w.cuda(), 1e-6)
+    h_ref = x + r  # rounded to the storage dtype, as the unfused sequence stores it
+    assert torch.equal(h.cpu(), h_ref)
+    check(y, F.rms_norm(h_ref.double(), (n,), w.double(), 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(67, 129), (4, 3, 4096)])
+def test_norms_backward(k, dtype, shape):
+    n = shape[-1]
+    dy, dh = rand(shape, dtype, 12), rand(shape, dtype, 13)
+
+    def leaves(*ts):
+        return [t.cuda().requires_grad_() for t in ts], [t.double().requires_grad_() for t in ts]
+
+    (x, w, b), (xd, wd, bd) = leaves(rand(shape, dtype, 14), rand((n,), dtype, 15), rand((n,), dtype, 16))
+    k["norms"].layer_norm(x, (n,), w, b, 1e-5).backward(dy.cuda())
+    F.layer_norm(xd, (n,), wd, bd, 1e-5).backward(dy.double())
+    for got, want in ((x, xd), (w, wd), (b, bd)):
+        check(got.grad, want.grad, dtype, GRAD_TOL)
+
+    (x, w), (xd, wd) = leaves(rand(shape, dtype, 17), rand((n,), dtype, 18))
+    k["norms"].rms_norm(x, (n,), w, 1e-6).backward(dy.cuda())
+    F.rms_norm(xd, (n,), wd, 1e-6).backward(dy.double())
+    check(x.grad, xd.grad, dtype, GRAD_TOL)
+    check(w.grad, wd.grad, dtype, GRAD_TOL)
+
+    (x, r, w), (xd, rd, wd) = leaves(rand(shape, dtype, 19), rand(shape, dtype, 20), rand((n,), dtype, 21))
+    y, h = k["norms"].add_rms_norm(x, r, (n,), w, 1e-6)
+    torch.autograd.backward([y, h], [dy.cuda(), dh.cuda()])
+    hd = (xd + rd)
+    torch.autograd.backward([F.rms_norm(hd, (n,), wd, 1e-6), hd], [dy.double(), dh.double()])
+    for got, want in ((x, xd), (r, rd), (w, wd)):
+        check(got.grad, want.grad, dtype, GRAD_TOL)
+
+
+def test_norms_noncontiguous_multidim_and_nan(k):
+    x = rand((64, 96), torch.float32, 22).cuda()
+    xt = x.t()
+    check(k["norms"].layer_norm(xt, (64,)), F.layer_norm(xt.cpu().double(), (64,)), torch.float32)
+    xs = x[:, 10:74]
+    check(k["norms"].rms_norm(xs, (64,), None, 1e-6), F.rms_norm(xs.cpu().double(), (64,), None, 1e-6), torch.float32)
+    x4 = rand((2, 3, 4, 5), torch.float32, 23)
+    check(k["norms"].layer_norm(x4.cuda(), (4, 5)), F.layer_norm(x4.double(), (4, 5)), torch.float32)
+    xn = rand((4, 33), torch.float32, 24)
+    xn[1, 2], xn[2, 3] = float("nan"), float("inf")
+    for got, ref in ((k["norms"].layer_norm(xn.cuda(), (33,)), F.layer_norm(xn.double(), (33,))),
+                     (k["norms"].rms_norm(xn.cuda(), (33,), None, 1e-6), F.rms_norm(xn.double(), (33,), None, 1e-6))):
+        assert torch.equal(got.cpu().isnan(), ref.isnan())
+        check(got, ref, torch.float32)
+
+
+# ---- silu_and_mul ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2000), (67, 258), (3, 5, 2 * 4099)])
+def test_silu_and_mul(k, dtype, shape):
+    x = rand(shape, dtype, 25, 3.0)
+    poison()
+    a, b = x.double().chunk(2, -1)
+    check(k["silu"].silu_and_mul(x.cuda()), F.silu(a) * b, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_backward_noncontiguous_nan(k, dtype):
+    base = rand((40, 300), dtype, 26, 3.0)
+    base[3, 5], base[4, 7] = float("nan"), float("inf")
+    xs = base.cuda()[:, 20:276]  # strided view (row stride 300, not 256): no copy
+    x = rand((40, 256), dtype, 32, 3.0).cuda().requires_grad_()
+    a, b = xs.cpu().double().chunk(2, -1)
+    check(k["silu"].silu_and_mul(xs), F.silu(a) * b, dtype)
+    dy = rand((40, 128), dtype, 27)
+    k["silu"].silu_and_mul(x).backward(dy.cuda())
+    xd = x.detach().cpu().double().requires_grad_()
+    aa, bb = xd.chunk(2, -1)
+    (F.silu(aa) * bb).backward(dy.double())
+    check(x.grad, xd.grad, dtype, GRAD_TOL)
+
+
+# ---- cross_entropy --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,classes", [(1, 1000), (67, 129), (16, 32000), (3, 131072)])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy(k, dtype, rows, classes, reduction):
+    x = rand((rows, classes), dtype, 28, 2.0)
+    t = torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(29))
+    if rows > 2:
+        t[1] = -100
+    xc = x.cuda().requires_grad_()
+    loss = k["ce"].cross_entropy(xc, t.cuda(), reduction=reduction)
+    xd = x.double().requires_grad_()
+    ref = F.cross_entropy(xd, t, reduction=reduction)
+    check(loss, ref, dtype)
+    g = rand(ref.shape, dtype, 30)
+    poison()
+    loss.backward(g.cuda())
+    ref.backward(g.double())
+    check(xc.grad, xd.grad, dtype, GRAD_TOL)
+
+
+def test_cross_entropy_sum_ignore_nan(k):
+    x = rand((6, 77), torch.float32, 31)
+    x[2, 4] = float("nan")
+    t = torch.tensor([1, 2, 3, -100, 5, 6])
+    got = k["ce"].cross_entropy(x.cuda(), t.cuda(), reduction="none")
+    ref = F.cross_entropy(x.double(), t, reduction="none")
+    assert torch.equal(got.cpu().isnan(), ref.isnan())
+    check(got, ref, torch.float32)
+    x[2, 4] = 0.0
+    check(k["ce"].cross_entropy(x.cuda(), t.cuda(), reduction="sum"), F.cross_entropy(x.double(), t, reduction="sum"),
+          torch.float32)
+    allignored = torch.full((6,), 7)
+    assert torch.isnan(k["ce"].cross_entropy(x.cuda(), allignored.cuda(), ignore_index=7)).item()
