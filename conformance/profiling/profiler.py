@@ -1,0 +1,305 @@
+"""``profile_callable`` / ``profile_workload``: where a step's time and memory go, per ATen op.
+
+Procedure (the order is the contract; every figure in the result comes from one of these passes):
+
+1. **Warm-up**: ``warmup`` untimed steps, then ``backend.synchronize()``.
+2. **Plain timing**: ``steps`` steps, each between two backend events (device events on an
+   accelerator, host clock on the CPU) and synchronised: ``step_ms``.
+3. **Profiled steps**: ``torch.profiler`` with the CPU activity plus the backend's device activity
+   (``backend.profiler_activity``: ``CUDA``, ``PrivateUse1`` for MLU; none on the CPU), one
+   profiler warm-up step and ``steps`` recorded steps, no shapes, stacks or memory (the cheap
+   configuration): per-op calls, inclusive and self host time, self device time, runtime sync
+   calls and memcpy events; the Chrome trace ``trace.json``; ``profiled_step_ms``.
+4. **Analysis step** (:mod:`.analysis`): one step under FlopCounterMode and a dispatch mode for
+   FLOPs, bytes and dtype per op, and the host-device copies and sync points with their module and
+   source line (stack capture here costs the timed steps nothing).
+5. **Memory step** (:func:`hal.models.measure.measure_peak`): the measured peak of one step beside
+   the estimate, when one is given.
+
+Times in ``ops`` are totals over the ``steps`` profiled steps; ``flops``/``bytes`` are per step;
+``share`` is the op's self time (device when recorded, else host) over the summed step time.
+Nothing here touches ``torch.cuda``: timing, synchronisation and memory go through the backend.
+Not thread-safe (the profiler is per process).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from hal.backend import Backend
+from hal.conformance.profiling.analysis import analyse_step
+from hal.conformance.profiling.roofline import resolve_peaks, roofline_row
+
+TRACE_FILE = "trace.json"
+_RUNTIME_SYNC = ("Synchronize",)          # cudaStreamSynchronize, cudaDeviceSynchronize, cnrt...Sync...
+_MEMCPY = ("Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoH", "Memcpy DtoD")
+
+DEFINITIONS = {
+    "calls": "number of calls over the profiled steps",
+    "total_ms": "host time inclusive of child ops, summed over the profiled steps",
+    "self_ms": "host time in the op itself (dispatch, argument checks, launch; the whole kernel on the CPU)",
+    "host_ms": "same as self_ms: host-side time the op itself costs",
+    "device_ms": "device (kernel) time the op launched, summed over the profiled steps; null when the "
+                 "profiler had no device activity (CPU-only run)",
+    "share": "op time (device_ms when recorded, else self_ms) / summed step time of the profiled steps",
+    "flops": "FLOPs of the op in one step (torch.utils.flop_counter.FlopCounterMode); 0 for ops it "
+             "does not count, null for ops the analysis step did not see (composites the dispatcher "
+             "decomposed: their children carry the figures)",
+    "bytes": "input + output tensor bytes of the op in one step (views and aliases: 0)",
+    "intensity": "flops / bytes",
+    "roofline_pct": "max(flops / peak FLOP/s[dtype], bytes / peak copy bandwidth) / measured op time "
+                    "per step x 100 (device self time when recorded, else host self time)",
+    "copies": "host<->device copies (aten::_to_copy / aten::copy_ across devices) in the analysis step, "
+              "located by module and first source line outside torch",
+    "syncs": "ops that block the host until the device catches up (item/float/bool on a device tensor, "
+             "nonzero, masked_select, blocking device->host copies), located like copies; plus "
+             "runtime_calls, the device runtime's synchronize calls the profiler recorded",
+    "fallback": "ms_per_step: device (else host) self time of the fallback ops per step; "
+                "copy_ms_per_step: their input+output bytes per step / host<->device bandwidth "
+                "(the copies a CPU fallback makes; 0 when the device is the host)",
+    "memory": "estimate_bytes: the workload's analytic peak; peak_bytes: measured over one step "
+              "(see peak_source); error_pct = (estimate - peak) / peak x 100",
+    "step_ms": "plain (unprofiled) step time between backend events, synchronised, after warm-up",
+    "overhead_ratio": "median profiled step / median plain step",
+}
+
+
+def _activities(backend: Backend) -> tuple[list, list[str], str]:
+    from torch.profiler import ProfilerActivity
+    acts, names, note = [ProfilerActivity.CPU], ["CPU"], ""
+    name = getattr(backend, "profiler_activity", None)
+    if name:
+        act = getattr(ProfilerActivity, str(name), None)
+        if act is not None and act in torch.profiler.supported_activities():
+            acts.append(act)
+            names.append(str(name))
+        else:
+            note = f"device activity {name!r} not supported by this torch build: host times only"
+    return acts, names, note
+
+
+def _time_steps(step_fn: Callable[[], Any], backend: Backend, n: int,
+                around: Optional[Callable[[], None]] = None) -> list[float]:
+    out = []
+    for _ in range(n):
+        start, end = backend.create_event(enable_timing=True), backend.create_event(enable_timing=True)
+        start.record()
+        step_fn()
+        end.record()
+        end.synchronize()
+        backend.synchronize()
+        out.append(start.elapsed_time(end))
+        if around is not None:
+            around()
+    return out
+
+
+def _device_self_us(avg: Any) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(avg, attr):
+            return float(getattr(avg, attr))
+    return 0.0
+
+
+def _profile_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, acts: list,
+                           trace_path: Optional[str]) -> tuple[list, list[float]]:
+    from torch.profiler import profile, schedule
+    captured: dict = {}
+
+    def ready(prof: Any) -> None:
+        captured["averages"] = prof.key_averages()
+        if trace_path:
+            prof.export_chrome_trace(trace_path)
+
+    with profile(activities=acts, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                 on_trace_ready=ready) as prof:
+        step_fn()
+        backend.synchronize()
+        prof.step()
+        times = _time_steps(step_fn, backend, steps, around=prof.step)
+    if "averages" not in captured:  # pragma: no cover - schedule did not complete
+        ready(prof)
+    return captured["averages"], times
+
+
+def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
+    """Bytes/s of host<->device copies (0 on the CPU backend, where no copy happens)."""
+    if backend.device_type == "cpu":
+        return 0.0, "device is the host: a CPU fallback copies nothing"
+    if peaks.get("host_device_bytes_per_s"):
+        return float(peaks["host_device_bytes_per_s"]), "backend peaks host_device_bytes_per_s"
+    nbytes = 64 << 20
+    import time
+    host = torch.ones(nbytes // 4)
+    backend.to_device(host)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    dev = backend.to_device(host)
+    backend.synchronize()
+    backend.to_host(dev)
+    secs = time.perf_counter() - t0
+    return 2.0 * nbytes / secs, "measured now: 64 MiB pageable host->device + device->host round trip"
+
+
+def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_ms: float) -> tuple[list, dict]:
+    rows, runtime = [], {"sync_calls": 0, "memcpy_events": 0, "memcpy_names": {}}
+    for a in averages:
+        key = a.key
+        if any(s in key for s in _RUNTIME_SYNC) and "::" not in key:
+            runtime["sync_calls"] += int(a.count)
+        if key.startswith(_MEMCPY):
+            runtime["memcpy_events"] += int(a.count)
+            runtime["memcpy_names"][key] = int(a.count)
+        if "::" not in key or key.startswith("ProfilerStep"):
+            continue
+        self_ms = float(a.self_cpu_time_total) / 1e3
+        dev = _device_self_us(a) / 1e3 if has_device else None
+        op_time = dev if has_device else self_ms
+        rows.append({"op": key, "calls": int(a.count), "total_ms": float(a.cpu_time_total) / 1e3,
+                     "self_ms": self_ms, "device_ms": dev, "host_ms": self_ms,
+                     "share": (op_time / step_total_ms) if step_total_ms > 0 else None})
+    rows.sort(key=lambda r: -(r["share"] or 0))
+    return rows, runtime
+
+
+def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 3, warmup: int = 2,
+                     out_dir: Optional[str] = None, model: Optional[torch.nn.Module] = None,
+                     fallback_ops: Optional[Iterable[str]] = None, memory_estimate: Optional[dict] = None,
+                     live: Iterable[Any] = (), top: int = 10, measure_peaks: bool = True) -> dict:
+    """Profile ``step_fn`` (one training or inference step, no arguments) on ``backend``.
+
+    ``model`` (optional) attributes copies and sync points to its modules; ``fallback_ops``: ATen
+    names that fell back (from the capture audit); ``memory_estimate``: an itemised estimate with
+    ``total_bytes`` (and ``lower_bound``) to check against the measured peak; ``live``: objects
+    whose tensors exist before a step (model, optimizer, batch), needed for the CPU peak.
+    Writes ``trace.json`` into ``out_dir`` when given. Returns the audit.json ``profile`` section
+    (see the module docstring and ``definitions``). Raises ValueError for steps < 1 or warmup < 0,
+    and whatever ``step_fn`` raises.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    acts, act_names, act_note = _activities(backend)
+    has_device = len(act_names) > 1
+    for _ in range(warmup):
+        step_fn()
+    backend.synchronize()
+    plain = _time_steps(step_fn, backend, steps)
+
+    trace_rel, trace_path = None, None
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        trace_rel, trace_path = TRACE_FILE, os.path.join(out_dir, TRACE_FILE)
+    averages, profiled = _profile_steps(step_fn, backend, steps, acts, trace_path)
+    rows, runtime = _op_rows(averages, has_device, steps, sum(profiled))
+
+    analysis = analyse_step(step_fn, model)
+    dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
+    peaks, peaks_source = resolve_peaks(backend, dtypes, measure=measure_peaks)
+    for r in rows:
+        a = analysis["ops"].get(r["op"])
+        r["flops"] = int(a["flops"]) if a else None
+        r["bytes"] = int(a["bytes"]) if a else None
+        r["dtype"] = a["dtype"] if a else None
+        op_ms = r["device_ms"] if has_device else r["self_ms"]
+        r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"],
+                                                         (op_ms or 0) / steps, peaks)
+
+    fb_names = set(fallback_ops or ())
+    fb_rows = [r for r in rows if r["op"] in fb_names]
+    for r in rows:
+        r["fallback"] = r["op"] in fb_names
+    bw, bw_note = _host_device_bandwidth(backend, peaks) if fb_rows else (0.0, "no fallback ops")
+    fb_bytes = sum(r["bytes"] or 0 for r in fb_rows)
+    fallback = {
+        "ms_per_step": sum((r["device_ms"] if has_device else r["self_ms"]) or 0 for r in fb_rows) / steps,
+        "copy_ms_per_step": (fb_bytes / bw * 1e3) if bw else 0.0, "copy_bytes_per_step": fb_bytes,
+        "bandwidth_bytes_per_s": bw or None, "bandwidth_source": bw_note,
+        "ops": sorted(r["op"] for r in fb_rows),
+        "not_seen": sorted(fb_names - {r["op"] for r in fb_rows}),
+    }
+
+    memory = _memory_section(step_fn, backend, memory_estimate, live)
+    plain_med, prof_med = statistics.median(plain), statistics.median(profiled)
+    return {
+        "device": backend.device_properties(0).name or backend.name,
+        "backend": backend.name,
+        "activities": act_names,
+        "activity_note": act_note or ("device activity recorded" if has_device else
+                                      "CPU only: device_ms is null, host self time is the op time"),
+        "steps": steps, "warmup": warmup,
+        "step_ms": {"median": plain_med, "all": plain},
+        "profiled_step_ms": {"median": prof_med, "all": profiled},
+        "overhead_ratio": prof_med / plain_med if plain_med > 0 else None,
+        "ops": rows,
+        "hotspots": [r["op"] for r in rows[:top]],
+        "copies": dict(analysis["copies"], profiler_memcpy_events=runtime["memcpy_events"],
+                       profiler_memcpy=runtime["memcpy_names"]),
+        "syncs": dict(analysis["syncs"], runtime_calls=runtime["sync_calls"]),
+        "fallback": fallback,
+        "memory": memory,
+        "roofline": {"peaks": peaks, "peaks_source": peaks_source,
+                     "dtypes": sorted(dtypes),
+                     "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
+        "trace": trace_rel,
+        "overhead_note": ("timed steps ran under torch.profiler with activities only (no shapes, stacks or "
+                          "memory); FLOPs, bytes and source locations come from one separate analysis "
+                          "step, memory from one separate measured step"),
+        "timing": {"method": "backend events around each step, backend.synchronize() after",
+                   "warmup": warmup, "repeats": steps, "statistic": "median"},
+        "definitions": dict(DEFINITIONS),
+    }
+
+
+def _memory_section(step_fn: Callable[[], Any], backend: Backend, estimate: Optional[dict],
+                    live: Iterable[Any]) -> dict:
+    from hal.models.measure import measure_peak
+    device = backend.torch_device()
+    measured = measure_peak(step_fn, device, backend, live=live)
+    peak = measured.get("peak_bytes")
+    est = int(estimate["total_bytes"]) if estimate and estimate.get("total_bytes") is not None else None
+    items = {k: v for k, v in (estimate or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+             and k != "total_bytes" and not k.endswith("_tokens")}  # items are bytes; counts go to detail
+    return {"estimate_bytes": est, "peak_bytes": peak,
+            "error_pct": (100.0 * (est - peak) / peak) if est is not None and peak else None,
+            "items": items, "lower_bound": bool((estimate or {}).get("lower_bound", estimate is None)),
+            "peak_source": measured.get("source"), "baseline_bytes": measured.get("baseline_bytes"),
+            "estimate_detail": {k: v for k, v in (estimate or {}).items() if k not in items and k != "total_bytes"}}
+
+
+def profile_workload(workload: Any, backend: Backend, steps: int = 3, warmup: int = 2,
+                     out_dir: Optional[str] = None, mode: str = "train",
+                     fallback_ops: Optional[Iterable[str]] = None, top: int = 10,
+                     measure_peaks: bool = True) -> dict:
+    """Profile a built :class:`hal.models.workload.Workload` (``mode`` ``"train"``: ``train_step``;
+    ``"infer"``: ``infer``) on ``backend``; the memory estimate is ``workload.estimates(...)``.
+
+    Returns :func:`profile_callable`'s dict plus ``workload`` {name, config, mode, dtype,
+    batch_size, seq_len}. Raises ValueError for another mode or an unbuilt workload."""
+    if mode not in ("train", "infer"):
+        raise ValueError(f"mode must be 'train' or 'infer', not {mode!r}")
+    if getattr(workload, "model", None) is None:
+        raise ValueError(f"{workload!r} is not built: call build() first")
+    batch = workload.example_batch()
+    if mode == "train":
+        step_fn = lambda: workload.train_step(batch)  # noqa: E731
+    else:
+        step_fn = lambda: workload.infer(batch)  # noqa: E731
+    cfg = workload.config
+    bsz, seq = int(getattr(cfg, "batch_size", 0) or 0), getattr(cfg, "seq_len", None)
+    try:
+        est = workload.estimates(bsz, seq, mode=mode)
+    except TypeError:
+        est = workload.estimates(bsz, seq) if mode == "train" else None
+    result = profile_callable(step_fn, backend, steps=steps, warmup=warmup, out_dir=out_dir,
+                              model=workload.model, fallback_ops=fallback_ops,
+                              memory_estimate=(est or {}).get("memory"),
+                              live=(workload.model, workload.optimizer, batch), top=top,
+                              measure_peaks=measure_peaks)
+    from hal.backend import dtype_name
+    result["workload"] = {"name": workload.name, "config": workload.config_name, "mode": mode,
+                          "dtype": dtype_name(workload.dtype), "batch_size": bsz, "seq_len": seq,
+                          "estimated_flops_per_step": (est or {}).get("flops_per_step")}
+    return result
