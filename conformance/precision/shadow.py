@@ -1,0 +1,175 @@
+"""Shadow execution: re-run one aten op in float64 on the CPU on the target's actual inputs.
+
+The shadow isolates the op's *own* error (DIPU autocompare style): its inputs are exactly the
+target's inputs upcast, so any difference is introduced by this op. Costs are kept down by
+
+* an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
+  version, holding a strong reference to the source so the key cannot be recycled; bounded by
+  bytes (LRU), cleared by the owner at the end of each step;
+* sampling giant outputs: matrix products are shadowed on a fixed subset of output rows,
+  point-wise ops on a fixed subset of output positions, last-dim softmax on a subset of rows.
+  Everything else is shadowed in full.
+
+Not thread-safe: one :class:`Shadow` per tracer.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .metrics import DEFAULT_MAX_ELEMENTS, sample_index
+
+_F64 = torch.float64
+_CPU = torch.device("cpu")
+
+
+class UpcastCache:
+    """float64 CPU copies of tensors, LRU-bounded by ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = max_bytes
+        self._d: "collections.OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = collections.OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == _F64 and t.device == _CPU:
+            return t
+        try:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t.dtype, t.device, t._version)
+        except (RuntimeError, NotImplementedError):
+            return t.detach().to(_CPU, _F64)
+        hit = self._d.get(key)
+        if hit is not None:
+            self._d.move_to_end(key)
+            self.hits += 1
+            return hit[1]
+        self.misses += 1
+        up = t.detach().to(_CPU, _F64)
+        nbytes = up.numel() * 8
+        if nbytes <= self.max_bytes // 4:
+            self._d[key] = (t, up)
+            self._bytes += nbytes
+            while self._bytes > self.max_bytes and self._d:
+                _, (_, old) = self._d.popitem(last=False)
+                self._bytes -= old.numel() * 8
+        return up
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._bytes = 0
+
+
+def _float64_args(x: Any, cache: UpcastCache) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point():
+            return cache.get(x)
+        return x.detach().to(_CPU)
+    if isinstance(x, torch.dtype) and x.is_floating_point:
+        return _F64
+    if isinstance(x, torch.device):
+        return _CPU
+    return x
+
+
+def _rows(n_rows: int, row_len: int, max_elements: int) -> Optional[torch.Tensor]:
+    if n_rows * row_len <= max_elements or n_rows <= 1:
+        return None
+    m = max(1, min(n_rows, max_elements // max(1, row_len)))
+    g = torch.Generator().manual_seed(n_rows * 7919 + row_len)
+    return torch.randperm(n_rows, generator=g)[:m].sort().values
+
+
+class Shadow:
+    """Runs float64 CPU shadows of aten ops; returns (target values, shadow values, sampled)."""
+
+    def __init__(self, max_elements: int = DEFAULT_MAX_ELEMENTS, cache_bytes: int = 1 << 30,
+                 sample: bool = True):
+        self.max_elements = max_elements
+        self.sample = sample
+        self.cache = UpcastCache(cache_bytes)
+
+    def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
+            ) -> Tuple[torch.Tensor, torch.Tensor, str]:
+        """Shadow of output ``out_index`` of ``func(*args, **kwargs)``.
+
+        Returns (target values, float64 shadow values, sampling description). Raises whatever
+        the op raises in float64 (the caller records it as an unshadowed op).
+        """
+        name = func.overloadpacket.__name__
+        big = self.sample and out.numel() > self.max_elements
+        if big and out_index == 0:
+            fast = self._sampled(func, name, args, kwargs, out)
+            if fast is not None:
+                return fast
+        a64 = tree_map(lambda x: _float64_args(x, self.cache), args)
+        k64 = tree_map(lambda x: _float64_args(x, self.cache), kwargs)
+        res = func(*a64, **k64)
+        ref = res[out_index] if isinstance(res, (tuple, list)) else res
+        return out, ref, "full"
+
+    # -- sampled variants -------------------------------------------------------------------
+    def _sampled(self, func, name, args, kwargs, out):
+        c = self.cache
+        if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
+            a = args[0] if name == "mm" else args[1]
+            b = args[1] if name == "mm" else args[2]
+            rows = _rows(out.shape[0], out.shape[1], self.max_elements)
+            if rows is None:
+                return None
+            r_dev = rows.to(a.device)
+            prod = a.detach()[r_dev].to(_CPU, _F64) @ c.get(b)
+            if name == "addmm":
+                bias = args[0]
+                beta = kwargs.get("beta", 1)
+                alpha = kwargs.get("alpha", 1)
+                bias64 = c.get(bias)
+                if bias64.dim() == 2 and bias64.shape[0] == out.shape[0]:
+                    bias64 = bias64[rows]
+                prod = beta * bias64 + alpha * prod
+            return out[r_dev], prod, f"rows {rows.numel()}/{out.shape[0]}"
+        if name == "bmm" and out.dim() == 3:
+            a, b = args[0], args[1]
+            rows = _rows(out.shape[1], out.shape[0] * out.shape[2], self.max_elements)
+            if rows is None:
+                return None
+            r_dev = rows.to(a.device)
+            prod = a.detach()[:, r_dev].to(_CPU, _F64) @ c.get(b)
+            return out[:, r_dev], prod, f"rows {rows.numel()}/{out.shape[1]}"
+        if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
+            x = args[0]
+            last = out.shape[-1]
+            n_rows = out.numel() // max(1, last)
+            rows = _rows(n_rows, last, self.max_elements)
+            if rows is None:
+                return None
+            r_dev = rows.to(x.device)
+            xs = x.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
+            ref = func(xs, -1, False)
+            return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
+        if torch.Tag.pointwise in func.tags and not kwargs:
+            idx = sample_index(out.shape, self.max_elements)
+            if idx is None:
+                return None
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if any(torch.broadcast_shapes(t.shape, out.shape) != out.shape for t in tensors):
+                return None
+            dev_idx = tuple(i.to(out.device) for i in idx)
+
+            def pick(x):
+                if isinstance(x, torch.Tensor):
+                    if x.dim() == 0:
+                        return _float64_args(x, c)
+                    v = x.detach().expand(out.shape)[dev_idx].to(_CPU)
+                    return v.to(_F64) if v.is_floating_point() else v
+                return _float64_args(x, c)
+
+            ref = func(*[pick(a) for a in args])
+            return out[dev_idx], ref, f"elements {idx[0].numel()}/{out.numel()}"
+        return None

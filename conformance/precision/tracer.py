@@ -1,0 +1,263 @@
+"""Op-by-op and module-by-module recording of one training step (a TorchDispatchMode).
+
+A :class:`StepTracer` is entered around the forward and backward of one model. For every aten op
+whose output is a floating-point tensor (views, copies and factories excluded) it knows
+
+* the **key** ``(phase, module path, op, occurrence, output index)``: ``phase`` is ``forward``
+  or ``backward``; backward ops are attributed to the module whose forward created their autograd
+  node (the module hooks label nodes in ``grad_fn.metadata``);
+* in the ``reference`` role: every floating dtype argument is widened to float64 (so explicit
+  casts in user code, ``x.half()``, do not lower the reference's precision), and a fixed sample of the float64 output (:func:`metrics.take_sample`);
+* in the ``target`` role: the *total* error against the reference sample with the same key
+  (inherited + introduced), and with ``shadow=True`` the *local* error against a float64 shadow
+  of the op on its actual inputs (introduced only), plus which earlier records produced its
+  inputs (for first-divergence blame).
+
+Module outputs are recorded the same way by forward hooks (``kind="module"``). Not thread-safe;
+use one tracer per model and step. Hooks are removed on exit.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import thresholds as th
+from .metrics import DEFAULT_MAX_ELEMENTS, error_stats, take_sample
+from .shadow import Shadow
+
+_SKIP = {
+    "detach", "copy_", "_to_copy_", "empty", "empty_like", "empty_strided", "new_empty",
+    "new_empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "new_zeros", "new_ones", "new_full", "fill_", "zero_", "clone", "contiguous", "lift_fresh",
+    "_local_scalar_dense", "scalar_tensor", "arange", "randn", "rand", "normal_", "uniform_",
+    "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
+}
+_META_KEY = "hal_precision_module"
+
+
+@dataclasses.dataclass
+class OpRecord:
+    """One compared op output (or module output). ``local``/``total`` are metric dicts or None."""
+
+    phase: str
+    module: str
+    op: str
+    occurrence: int
+    out_index: int
+    dtype: str
+    shape: Tuple[int, ...]
+    kind: str = "op"
+    threshold: Optional[Dict[str, float]] = None
+    local: Optional[Dict[str, Any]] = None
+    total: Optional[Dict[str, Any]] = None
+    sampling: str = "full"
+    shadow_error: Optional[str] = None
+    inputs: Tuple[int, ...] = ()
+    eff_dtype: torch.dtype = torch.float64
+    total_threshold: Optional[Dict[str, float]] = None
+
+    @property
+    def key(self):
+        return (self.phase, self.module, self.op, self.occurrence, self.out_index)
+
+
+def _seq_probe() -> int:
+    """Current autograd sequence number (a throwaway node's)."""
+    x = torch.zeros((), requires_grad=True)
+    y = x * 1.0
+    return y.grad_fn._sequence_nr()
+
+
+def _label_graph(outputs, path: str, start_seq: int) -> None:
+    """Label autograd nodes created since ``start_seq`` (and not yet labelled) with ``path``."""
+    flat, _ = tree_flatten(outputs)
+    stack = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        try:
+            if node._sequence_nr() < start_seq:
+                continue
+            md = node.metadata
+        except (AttributeError, RuntimeError):
+            continue
+        md.setdefault(_META_KEY, path)
+        stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+
+def _widen(x):
+    if isinstance(x, torch.dtype) and x.is_floating_point:
+        return torch.float64
+    return x
+
+
+class Widen64Mode(TorchDispatchMode):
+    """Runs every op with floating dtype arguments widened to float64 (the reference's untraced
+    steps: explicit casts such as ``x.half()`` in user code stay float64)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*tree_map(_widen, args), **tree_map(_widen, kwargs or {}))
+
+
+class StepTracer(TorchDispatchMode):
+    """Records one model's ops (see module docstring).
+
+    ``role``: ``"reference"`` stores samples; ``"target"`` compares with ``reference_samples``
+    (the reference tracer's :attr:`samples`) and, if ``shadow``, shadows each op in float64.
+    """
+
+    def __init__(self, model: torch.nn.Module, role: str, *, reference_samples=None,
+                 shadow: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                 sample: bool = True, record_module_outputs: bool = True,
+                 compute_dtype: Optional[torch.dtype] = None):
+        super().__init__()
+        if role not in ("reference", "target"):
+            raise ValueError(f"role must be 'reference' or 'target', not {role!r}")
+        self.model = model
+        self.role = role
+        self.samples: Dict[tuple, torch.Tensor] = {} if reference_samples is None else reference_samples
+        self.do_shadow = shadow and role == "target"
+        self.shadow = Shadow(max_elements, sample=sample) if self.do_shadow else None
+        self.max_elements = max_elements if sample else 1 << 62
+        self.records: List[OpRecord] = []
+        self._counts: Dict[tuple, int] = collections.defaultdict(int)
+        self._stack: List[Tuple[str, int]] = []
+        self._producer: Dict[int, Tuple[weakref.ref, int]] = {}
+        self._handles = []
+        self._record_modules = record_module_outputs
+        self._internal = False
+        self.compute_dtype = compute_dtype
+
+    # -- module hooks ---------------------------------------------------------------------
+    def __enter__(self):
+        for name, mod in self.model.named_modules():
+            path = name or "<root>"
+            self._handles.append(mod.register_forward_pre_hook(self._pre(path)))
+            self._handles.append(mod.register_forward_hook(self._post(path)))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.shadow is not None:
+            self.shadow.cache.clear()
+        return super().__exit__(*exc)
+
+    def _pre(self, path):
+        def hook(mod, args):
+            self._internal = True
+            try:
+                seq = _seq_probe() if torch.is_grad_enabled() else 0
+            finally:
+                self._internal = False
+            self._stack.append((path, seq))
+        return hook
+
+    def _post(self, path):
+        def hook(mod, args, output):
+            _, seq = self._stack.pop() if self._stack else (path, 0)
+            self._internal = True
+            try:
+                if torch.is_grad_enabled():
+                    _label_graph(output, path, seq)
+                if self._record_modules:
+                    flat, _ = tree_flatten(output)
+                    for i, t in enumerate(x for x in flat if isinstance(x, torch.Tensor)):
+                        if t.is_floating_point() and t.numel() > 0:
+                            self._observe("forward", path, "<module>", t, i, kind="module")
+            finally:
+                self._internal = False
+        return hook
+
+    def current_module(self) -> Tuple[str, str]:
+        node = torch._C._current_autograd_node() if hasattr(torch._C, "_current_autograd_node") else None
+        if node is not None:
+            try:
+                return "backward", node.metadata.get(_META_KEY, "<unattributed>")
+            except (AttributeError, RuntimeError):
+                return "backward", "<unattributed>"
+        return "forward", (self._stack[-1][0] if self._stack else "<root>")
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.role == "reference" and not self._internal:
+            # the reference runs *every* floating computation in float64, explicit casts included
+            args, kwargs = tree_map(_widen, args), tree_map(_widen, kwargs)
+        out = func(*args, **kwargs)
+        if self._internal:
+            return out
+        name = func.overloadpacket.__name__
+        if name in _SKIP or func.is_view or name.endswith("_"):
+            # views and copies carry their source's producer (blame follows the data).
+            if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+                p = self._producer.get(id(args[0]))
+                if p is not None and p[0]() is args[0]:
+                    self._producer[id(out)] = (weakref.ref(out), p[1])
+            return out
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        phase, module = self.current_module()
+        input_ids = [id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and o.numel() > 0:
+                self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
+                              input_ids=input_ids)
+        return out
+
+    def _observe(self, phase, module, op, t, out_index, *, kind="op", func=None, args=(),
+                 kwargs=None, input_ids=()):
+        ckey = (phase, module, op, out_index)
+        occ = self._counts[ckey]
+        self._counts[ckey] = occ + 1
+        key = (phase, module, op, occ, out_index)
+        if self.role == "reference":
+            self.samples[key] = take_sample(t, self.max_elements)
+            return
+        k = th.reduction_length(op, args, tuple(t.shape)) if func is not None else 1
+        in_dtypes = [a.dtype for a in tree_flatten((args, kwargs))[0]
+                     if isinstance(a, torch.Tensor) and a.is_floating_point()] if func is not None else []
+        # an op is judged at the precision of its least precise operand
+        thr = th.threshold_for(op, th.loosest([t.dtype] + in_dtypes), k)
+        prods = []
+        for tid in (input_ids if func is not None else (id(t),)):
+            p = self._producer.get(tid)
+            if p is not None and p[0]() is not None:
+                prods.append(p[1])
+        # the loosest format on the data path bounds the total error (inherited tolerance)
+        eff = [t.dtype] + [self.records[p].eff_dtype for p in prods]
+        eff += in_dtypes
+        if self.compute_dtype is not None:
+            eff.append(self.compute_dtype)
+        eff_dtype = th.loosest(eff)
+        tthr = th.threshold_for(op, eff_dtype, k)
+        rec = OpRecord(phase, module, op, occ, out_index, str(t.dtype).replace("torch.", ""),
+                       tuple(t.shape), kind=kind, threshold=thr, eff_dtype=eff_dtype,
+                       total_threshold=tthr)
+        ref = self.samples.get(key)
+        if ref is not None:
+            tv = take_sample(t, self.max_elements)
+            if tv.numel() == ref.numel():
+                rec.total = error_stats(tv, ref, target_dtype=t.dtype, rtol=tthr["rtol_eff"],
+                                        atol=tthr["atol"], normwise=True, rule="aggregate")
+        if func is not None and self.do_shadow:
+            try:
+                tv, sv, how = self.shadow.run(func, args, kwargs, t, out_index)
+                rec.sampling = how
+                rec.local = error_stats(tv, sv, target_dtype=t.dtype, rtol=thr["rtol_eff"],
+                                        atol=thr["atol"], normwise=thr["class"] == "reduction")
+            except Exception as exc:  # the float64 kernel may not exist; record why
+                rec.shadow_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        if func is not None:
+            rec.inputs = tuple(prods)
+            self._producer[id(t)] = (weakref.ref(t), len(self.records))
+        self.records.append(rec)

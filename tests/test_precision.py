@@ -1,0 +1,201 @@
+"""Precision comparison against float64: blame, thresholds, metrics, drift, calibration, CLI."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hal.conformance.precision import PrecisionResult, compare_module
+from hal.conformance.precision import thresholds as th
+from hal.conformance.precision.calibration import calibrate, op_verdict
+from hal.conformance.precision.drift import drift_stats
+from hal.conformance.precision.metrics import error_stats, sample_index, take_sample
+
+
+class NaiveSoftmaxFP16(torch.nn.Module):
+    """Softmax written naively in float16: exp overflows to Inf for logits > ~11, then Inf/Inf = NaN."""
+
+    def forward(self, x):
+        h = x.half()
+        e = h.exp()
+        return (e / e.sum(-1, keepdim=True)).float()
+
+
+class Net(torch.nn.Module):
+    def __init__(self, naive: bool):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.act = NaiveSoftmaxFP16() if naive else torch.nn.Softmax(-1)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _inputs(scale):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(4, 16, generator=g) * scale
+
+
+def test_naive_fp16_softmax_is_blamed_on_the_custom_layer():
+    res = compare_module(lambda: Net(naive=True), _inputs(20.0), steps=2)
+    fd = res.first_divergence
+    assert fd is not None
+    assert fd["module"] == "act" and fd["op"] in ("exp", "div")
+    assert fd["kind"] == "introduced" and fd["inputs_within"] is True
+    assert fd["metric"] == "nan_inf_mismatch" and fd["value"] > 0
+    assert res.verdict == "fail"
+    # the Linear before is within tolerance; the Linear after only inherited the NaNs
+    fc1 = [r for r in res.rows(kind="op", phase="forward") if r["module"] == "fc1"]
+    assert fc1 and all(r["status"] == "ok" for r in fc1)
+    fc2 = [r for r in res.rows(kind="op", phase="forward") if r["module"] == "fc2"]
+    assert fc2 and all(r["status"] == "inherited" for r in fc2)
+    d = res.as_dict()
+    json.dumps(d)  # JSON-ready, non-finite values spelled as strings
+    assert d["first_divergence"]["module"] == "act"
+
+
+def test_all_float32_model_passes_with_errors_reported():
+    res = compare_module(lambda: Net(naive=False), _inputs(1.0), steps=3)
+    assert res.verdict == "pass", res.summary["verdict_reasons"]
+    assert res.first_divergence is None
+    ops = res.rows(kind="op")
+    assert ops and all(r["local"] is not None and r["total"] is not None for r in ops)
+    # errors are real: float32 differs from float64, within the float32 thresholds
+    assert max(r["total"]["max_abs"] for r in ops) > 0
+    assert all(r["threshold"]["rtol"] == 1.3e-6 for r in ops)
+    assert {r["kind"] for r in res.metrics} >= {"op", "module", "gradient", "parameter", "loss"}
+    dr = res.drift
+    assert len(dr["losses_target"]) == 3 and dr["max_rel_dev"] < 1e-5 and dr["r2"] > 0.999
+    d = res.as_dict()
+    assert d["reference"] == {"device": "cpu", "dtype": "float64"} and d["verified"] is True
+    assert "dtype_tolerances" in d["thresholds"]
+
+
+def test_bfloat16_autocast_is_judged_at_bfloat16_tolerance():
+    res = compare_module(lambda: Net(naive=False), _inputs(1.0), autocast=torch.bfloat16, steps=2)
+    mm = [r for r in res.rows(kind="op", phase="forward") if r["op"] == "addmm"]
+    assert mm and all(r["dtype"] == "bfloat16" for r in mm)
+    assert all(r["threshold"]["rtol"] == 1.6e-2 for r in mm)
+    assert all(r["local"]["max_abs"] > 0 and not r["local"]["exceeds"] for r in mm)
+    assert "ulp_max" in mm[0]["local"] and mm[0]["local"]["ulp_max"] <= 1.0
+    assert res.verdict in ("pass", "warning")
+
+
+def test_markdown_summary_names_the_blamed_op():
+    res = compare_module(lambda: Net(naive=True), _inputs(20.0), steps=1)
+    md = res.to_markdown()
+    assert "first divergence (introduced): module `act`" in md
+    assert isinstance(res, PrecisionResult)
+
+
+def test_sampling_compares_a_fixed_subset_and_agrees_with_full():
+    lin = lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(128, 64)
+    full = compare_module(lin, x, sample=False)
+    samp = compare_module(lin, x, max_elements=2048)
+    assert samp.summary["sampled"] > 0 and full.summary["sampled"] == 0
+    f = {(r["phase"], r["module"], r["op"], r["occurrence"]): r for r in full.rows(kind="op")}
+    for r in samp.rows(kind="op"):
+        if r["sampling"] != "full":
+            ref = f[(r["phase"], r["module"], r["op"], r["occurrence"])]
+            assert r["local"]["n"] < ref["local"]["n"]
+            assert r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12
+    assert samp.verdict == full.verdict == "pass"
+
+
+def test_sample_index_is_deterministic_and_bounded():
+    a = sample_index((100, 100), 500)
+    b = sample_index((100, 100), 500)
+    assert a is not None and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert sample_index((10, 10), 500) is None
+    t = torch.arange(10000.).reshape(100, 100)
+    assert take_sample(t, 500).numel() == 500
+
+
+def test_error_stats_known_values():
+    r = torch.linspace(1, 2, 1000, dtype=torch.float64)
+    t = r * (1 + 1e-3)
+    s = error_stats(t, r, target_dtype=torch.float32, rtol=1e-2, atol=0.0, normwise=False)
+    assert s["mean_rel"] == pytest.approx(1e-3, rel=1e-6)
+    assert s["rms_rel"] == pytest.approx(1e-3, rel=1e-6)
+    assert s["max_rel"] == pytest.approx(1e-3, rel=1e-6)
+    assert s["cosine"] == pytest.approx(1.0) and not s["exceeds"]
+    s = error_stats(t, r, target_dtype=torch.float32, rtol=1e-4, atol=0.0, normwise=False)
+    assert s["mismatch_frac"] == 1.0 and s["exceeds"]
+    tn = t.clone()
+    tn[0] = math.nan
+    tn[1] = math.inf
+    s = error_stats(tn, r, target_dtype=torch.float32, rtol=1e-2, atol=0.0, normwise=False)
+    assert s["nan_inf_mismatch"] == 2 and s["exceeds"]
+
+
+def test_ulp_error_for_16_bit_types():
+    r = torch.ones(4, dtype=torch.float64)
+    t = torch.full((4,), 1 + 2 ** -10, dtype=torch.float16)  # one float16 ULP above 1.0
+    s = error_stats(t, r, target_dtype=torch.float16, rtol=1e-3, atol=1e-5, normwise=False)
+    assert s["ulp_max"] == pytest.approx(1.0)
+    t = torch.full((4,), 1 + 2 ** -7, dtype=torch.bfloat16)
+    s = error_stats(t, r, target_dtype=torch.bfloat16, rtol=1.6e-2, atol=1e-5, normwise=False)
+    assert s["ulp_max"] == pytest.approx(1.0)
+
+
+def test_reduction_thresholds_scale_with_k():
+    mm = th.threshold_for("mm", torch.float32, 1000)
+    add = th.threshold_for("add", torch.float32, 1000)
+    assert mm["class"] == "reduction" and add["class"] == "elementwise"
+    assert mm["rtol_eff"] == pytest.approx(1.3e-6 + 1000 * torch.finfo(torch.float32).eps)
+    assert add["rtol_eff"] == 1.3e-6
+    # 16-bit outputs accumulate in float32
+    assert th.threshold_for("mm", torch.bfloat16, 100)["rtol_eff"] == pytest.approx(
+        1.6e-2 + 100 * torch.finfo(torch.float32).eps)
+    assert th.loosest([torch.float32, torch.bfloat16, torch.float16]) == torch.bfloat16
+
+
+def test_drift_stats():
+    d = drift_stats([1.0, 0.9, 0.8], [1.0, 0.9, 0.8])
+    assert d["max_rel_dev"] == 0 and d["r2"] == 1.0
+    d = drift_stats([1.1, 0.9, 0.8], [1.0, 0.9, 0.8])
+    assert d["max_rel_dev"] == pytest.approx(0.1) and d["r2"] < 1.0
+    assert drift_stats([1.0], [1.0])["r2"] is None
+    with pytest.raises(ValueError):
+        drift_stats([1.0], [1.0, 2.0])
+
+
+def test_calibration_ratios_follow_msprobe_limits():
+    base = {"rms_rel": 1e-3, "max_rel": 1e-2, "mean_rel": 1e-3, "nan_inf_mismatch": 0}
+    assert op_verdict(dict(base, exceeds=False), base)["status"] == "pass"
+    worse = {"rms_rel": 3e-3, "max_rel": 1e-2, "mean_rel": 1e-3, "nan_inf_mismatch": 0}
+    assert op_verdict(dict(worse, exceeds=False), base)["status"] == "warning"
+    assert op_verdict(dict(worse, exceeds=True), base)["status"] == "error"
+    rows = [{"kind": "op", "phase": "forward", "module": "m", "op": "mm", "occurrence": 0, "out_index": 0,
+             "local": dict(worse, exceeds=True)}]
+    cal = calibrate(rows, [dict(rows[0], local=base)], "cuda")
+    assert cal["counts"]["error"] == 1 and cal["ops"][0]["ratios"]["rms_rel"] == pytest.approx(3.0)
+
+
+def test_calibration_unavailable_device_gives_reason():
+    res = compare_module(lambda: Net(naive=False), _inputs(1.0), calibrate_with="cuda" if not
+                         torch.cuda.is_available() else "cpu")
+    assert res.calibration is None
+    d = res.as_dict()
+    assert d["calibration"] is None and d["calibration_reason"]
+
+
+def test_unavailable_target_device_raises_typed_error():
+    from hal.errors import BackendUnavailableError
+    if torch.cuda.is_available():
+        pytest.skip("cuda present")
+    with pytest.raises(BackendUnavailableError):
+        compare_module(lambda: Net(naive=False), _inputs(1.0), device="cuda")
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "hal.conformance.precision", "--model", "nope",
+                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
