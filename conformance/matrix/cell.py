@@ -1,0 +1,158 @@
+"""Evaluate one matrix cell (run as ``python -m hal.conformance.matrix.cell REQUEST_JSON RESULT_PATH``).
+
+Where the backend is present the workload runs there: op capture (every op that ran on the device
+is native, measured), median step time after a warm-up (synchronised through the backend), peak
+memory from the backend's allocator statistics, and the precision verdict against float64; the
+cell is ``verified``. Where it is not present the workload runs on the CPU to record the op mix,
+and each op's status on the target comes from the capability manifest: the cell is *predicted*
+and carries no time, memory or precision figures.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from hal.conformance.matrix.runner import INJECT_ENV
+from hal.conformance.matrix.schema import Cell
+
+
+def _inject(cell: Cell) -> None:
+    """Test hook: fail the named cells the way ``$HAL_MATRIX_INJECT`` asks (see runner)."""
+    key = "/".join(cell.key)
+    for item in os.environ.get(INJECT_ENV, "").split(","):
+        name, _, how = item.partition("=")
+        if name.strip() != key:
+            continue
+        if how == "crash":
+            import ctypes
+            ctypes.string_at(0)  # SIGSEGV: the interpreter dies
+        elif how == "hang":
+            time.sleep(10**6)
+        elif how == "raise":
+            raise RuntimeError("injected failure")
+
+
+def _precision_verdict(req: dict, device: str):
+    try:
+        from hal.conformance.precision import compare_workload
+    except ImportError as exc:  # pragma: no cover - precision package absent
+        return None, f"precision check unavailable: {exc}"
+    import torch
+    dtype = getattr(torch, req["dtype"])
+    res = compare_workload(req["model"], device=device, dtype=dtype, steps=2, seed=0)
+    d = res.as_dict()
+    fd = d.get("first_divergence")
+    why = (f"first divergence at {fd.get('module')} / {fd.get('op')} ({fd.get('metric')} {fd.get('value'):.3g} > "
+           f"{fd.get('threshold'):.3g})") if fd else ""
+    return d.get("verdict"), why
+
+
+def evaluate(req: dict) -> Cell:
+    import torch
+
+    import hal
+    import hal.ops
+    from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+    from hal.conformance.runtime.predict import build_ops
+    from hal.models import get_workload
+
+    cell = Cell(req["backend"], req["model"], req["mode"], req["dtype"])
+    _inject(cell)
+    infos = {i.name: i for i in hal.list_backends()}
+    info = infos.get(cell.backend)
+    if info is None:
+        cell.reason = "backend not installed"
+        return cell
+    present = info.available
+    runner = hal.get_backend(cell.backend if present else "cpu")
+    dtype = getattr(torch, cell.dtype)
+    if present and not runner.supports_dtype(dtype):
+        cell.status, cell.verified = "fail", True
+        cell.reason = f"{cell.backend} does not compute {cell.dtype} natively"
+        return cell
+    w = get_workload(cell.model, config=req.get("config", "tiny"))
+    w.build(runner.torch_device(), dtype, seed=0)
+    batch = w.example_batch()
+    step = (lambda: w.train_step(batch)) if cell.mode == "train" else (lambda: w.infer(batch))
+    step()  # warm-up: first-call costs stay out of the figures and out of the op counts
+    hal.ops.clear_fallback_log()
+    tracker = ModuleTracker()
+    tracker.install()
+    try:
+        with OpCapture(tracker) as cap:
+            step()
+    finally:
+        tracker.remove()
+    measured = {"device_type": runner.device_type} if present else None
+    ops = build_ops(cap.records(), cell.backend, 1, measured)
+    cell.ops = {}
+    for o in ops:
+        cur = cell.ops.get(o["op"])
+        order = ("native", "composite", "unknown", "fallback", "unsupported")
+        if cur is None or order.index(o["status"]) > order.index(cur):
+            cell.ops[o["op"]] = o["status"]
+    fallback = sorted(op for op, st in cell.ops.items() if st == "fallback")
+    unsupported = sorted(op for op, st in cell.ops.items() if st == "unsupported")
+    risks = sorted({n for o in ops for n in o.get("dtype_notes", [])})
+    figs = cell.figures
+    figs.update({"ops": len(cell.ops), "fallback_ops": fallback, "unsupported_ops": unsupported,
+                 "fallback_bytes_per_step": sum(o["bytes_per_step"] for o in ops if o["status"] == "fallback"),
+                 "dtype_notes": risks})
+    if present:
+        cell.verified = True
+        times = []
+        for _ in range(max(int(req.get("steps", 3)), 1)):
+            runner.synchronize()
+            t0 = time.perf_counter()
+            step()
+            runner.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        runner.synchronize()
+        runner.reset_peak_memory_stats()
+        step()
+        runner.synchronize()
+        mem = runner.memory_stats()
+        figs.update({"step_ms": statistics.median(times), "step_ms_all": times, "peak_bytes": mem.peak,
+                     "peak_source": mem.source})
+        if req.get("precision", True):
+            verdict, why = _precision_verdict(req, cell.backend)
+            figs["precision"] = verdict
+            if verdict == "fail":
+                cell.status, cell.reason = "precision-fail", why
+    if cell.status == "not-run":
+        if unsupported:
+            cell.status = "fail"
+            cell.reason = f"{len(unsupported)} op(s) unsupported: {', '.join(unsupported[:5])}"
+        elif fallback:
+            cell.status = "pass-with-fallback"
+            cell.reason = f"{len(fallback)} op(s) fall back to the CPU: {', '.join(fallback[:5])}"
+        else:
+            cell.status = "pass"
+    how = (f"measured on {runner.device_properties(0).name}" if present else
+           f"predicted from the {cell.backend} capability manifest (op mix recorded on the CPU): {info.reason}")
+    cell.reason = "; ".join(p for p in (cell.reason, how, *risks[:2]) if p)
+    return cell
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    req, out = json.loads(argv[0]), Path(argv[1])
+    try:
+        cell = evaluate(req)
+    except Exception as exc:  # the workload raised: the cell failed, with the reason
+        import hal
+        present = any(i.name == req["backend"] and i.available for i in hal.list_backends())
+        cell = Cell(req["backend"], req["model"], req["mode"], req["dtype"], status="fail", verified=present,
+                    reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cell.as_dict(), default=str))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

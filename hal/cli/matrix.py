@@ -1,0 +1,112 @@
+"""``hal matrix``: run, merge or diff the compatibility matrix (see hal.conformance.matrix)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tabulate import tabulate
+
+from hal.cli.common import CliError, emit
+from hal.cli.main import subcommand
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", default="cpu,cuda,mlu")
+    p.add_argument("--models", default="gpt,cnn,moe")
+    p.add_argument("--modes", default="train,infer")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--config", default="tiny", help="model config (default: tiny)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    p.add_argument("--no-precision", action="store_true", help="skip the float64 precision check")
+    p.add_argument("--no-collectives", action="store_true")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="merge matrices from several machines")
+    p.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="list what changed between two matrices")
+    p.add_argument("--out", help="output folder (compat-matrix.json/.md/.html/.svg)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _load(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise CliError(f"no such file: {path}")
+    try:
+        return json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+
+
+def write_outputs(doc: dict, out: Path) -> list[Path]:
+    from hal.conformance.matrix import render
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"compat-matrix.json": json.dumps(doc, indent=2, default=str) + "\n",
+             "compat-matrix.md": render.to_markdown(doc), "compat-matrix.html": render.to_html(doc),
+             "compat-matrix.svg": render.to_svg(doc)}
+    paths = []
+    for name, text in files.items():
+        (out / name).write_text(text)
+        paths.append(out / name)
+    return paths
+
+
+@subcommand("matrix", "compatibility matrix: backend x model x mode x dtype, crash-isolated")(_configure)
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from hal.conformance.matrix import merge as mmerge
+    from hal.conformance.matrix.runner import run_matrix
+    if args.diff:
+        try:
+            rows = mmerge.diff(_load(args.diff[0]), _load(args.diff[1]))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        if args.format == "json":
+            emit(json.dumps(rows, indent=2))
+        else:
+            emit(tabulate([[r["cell"], r["change"], r.get("old"), r.get("new")] for r in rows],
+                          headers=["cell", "change", "old", "new"]) if rows else "no changes")
+        return 0
+    if not args.out:
+        raise CliError("--out DIR is required to run or merge a matrix")
+    if args.merge:
+        try:
+            doc = mmerge.merge((p, _load(p)) for p in args.merge)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    else:
+        import hal
+        from hal.models import WORKLOAD_NAMES
+        known = {i.name for i in hal.list_backends()}
+        devices, models = _csv(args.devices), _csv(args.models)
+        for d in devices:
+            if d not in known:
+                raise CliError(f"unknown device {d!r}; installed backends: {', '.join(sorted(known))}")
+        for m in models:
+            if m not in WORKLOAD_NAMES:
+                raise CliError(f"unknown model {m!r}; one of {', '.join(WORKLOAD_NAMES)}")
+        for mode in _csv(args.modes):
+            if mode not in ("train", "infer"):
+                raise CliError(f"unknown mode {mode!r}; one of train, infer")
+        import torch
+        for dt in _csv(args.dtypes):
+            if not isinstance(getattr(torch, dt, None), torch.dtype):
+                raise CliError(f"unknown dtype {dt!r}")
+
+        def progress(cell):
+            how = "verified" if cell.verified else "predicted" if cell.status != "not-run" else ""
+            emit(f"{cell.backend:6s} {cell.model:5s} {cell.mode:6s} {cell.dtype:9s} {cell.status:18s} {how:9s} "
+                 f"{cell.seconds:6.1f}s  {cell.reason[:100]}")
+
+        doc = run_matrix(devices, models, _csv(args.modes), _csv(args.dtypes), args.config, args.steps,
+                         args.timeout, not args.no_precision, not args.no_collectives,
+                         progress if args.format == "text" else None)
+    paths = write_outputs(doc, Path(args.out))
+    if args.format == "json":
+        emit(json.dumps(doc, indent=2, default=str))
+    else:
+        emit(", ".join(f"{k}: {v}" for k, v in doc["summary"].items()))
+        emit("wrote " + ", ".join(str(p) for p in paths))
+    return 0

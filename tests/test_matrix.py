@@ -1,0 +1,112 @@
+"""The compatibility matrix: real cells in real subprocesses, crash isolation, merge, diff, rendering."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hal.conformance.matrix import merge, render
+from hal.conformance.matrix.runner import INJECT_ENV, run_cell
+from hal.conformance.matrix.schema import SCHEMA, Cell, document
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def matrix_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix")
+    r = run_cli("hal", "matrix", "--devices", "cpu,mlu", "--models", "gpt", "--modes", "train,infer",
+                "--dtypes", "float32", "--no-precision", "--no-collectives", "--steps", "1", "--out", str(out),
+                env={INJECT_ENV: "cpu/gpt/infer/float32=crash"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out, json.loads((out / "compat-matrix.json").read_text())
+
+
+def test_a_crashing_cell_is_marked_and_the_matrix_completes(matrix_run):
+    _, doc = matrix_run
+    cells = {(c["backend"], c["model"], c["mode"], c["dtype"]): c for c in doc["cells"]}
+    assert len(cells) == 4 and doc["schema"] == SCHEMA
+    crashed = cells[("cpu", "gpt", "infer", "float32")]
+    assert crashed["status"] == "crashed" and "SIGSEGV" in crashed["reason"] and not crashed["verified"]
+    ok = cells[("cpu", "gpt", "train", "float32")]
+    assert ok["status"] == "pass" and ok["verified"] and ok["figures"]["step_ms"] > 0 and ok["figures"]["peak_bytes"] > 0
+    for mode in ("train", "infer"):
+        mlu = cells[("mlu", "gpt", mode, "float32")]
+        assert not mlu["verified"], "no MLU here: an MLU cell can never be verified"
+        assert "predicted" in mlu["reason"] and "step_ms" not in mlu["figures"]
+        assert mlu["status"] in ("pass", "pass-with-fallback", "fail")
+    assert doc["environments"][0]["backends"]["cpu"]["available"]
+    assert doc["summary"]["crashed"] == 1 and doc["summary"]["verified"] == 1
+
+
+def test_outputs_are_written_and_escaped(matrix_run):
+    out, doc = matrix_run
+    md = (out / "compat-matrix.md").read_text()
+    assert "| model" in md and "predicted" in md and "crashed" in md
+    html = (out / "compat-matrix.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html
+    svg = (out / "compat-matrix.svg").read_text()
+    assert svg.startswith("<svg") and "hatched = predicted" in svg
+    evil = Cell("cpu", "<script>alert(1)</script>", "train", "float32", status="fail", reason="<img src=x onerror=1>",
+                ops={"aten::<b>": "fallback"})
+    d = document([evil], [], [{"id": "<i>", "command": "</code><script>"}])
+    for text in (render.to_html(d), render.to_svg(d)):
+        assert "<script>" not in text and "<img" not in text and "aten::<b>" not in text and "&lt;script&gt;" in text
+
+
+def test_timeout_cell_is_marked_and_killed(monkeypatch):
+    monkeypatch.setenv(INJECT_ENV, "cpu/gpt/train/float32=hang")
+    cell = run_cell({"backend": "cpu", "model": "gpt", "mode": "train", "dtype": "float32", "steps": 1,
+                     "precision": False}, timeout_s=8)
+    assert cell.status == "timeout" and "8 s" in cell.reason and cell.seconds < 30
+
+
+def test_raising_cell_is_a_failure_with_reason(monkeypatch):
+    monkeypatch.setenv(INJECT_ENV, "cpu/gpt/train/float32=raise")
+    cell = run_cell({"backend": "cpu", "model": "gpt", "mode": "train", "dtype": "float32", "steps": 1,
+                     "precision": False}, timeout_s=120)
+    assert cell.status == "fail" and "injected failure" in cell.reason
+
+
+def _doc(*cells, env="e"):
+    return document(list(cells), [], [{"id": env}])
+
+
+def test_merge_prefers_verified_and_keeps_every_environment():
+    pred = Cell("cuda", "gpt", "train", "float32", status="pass-with-fallback", verified=False, env="cpu-host")
+    meas = Cell("cuda", "gpt", "train", "float32", status="pass", verified=True, env="h200",
+                figures={"step_ms": 5.0})
+    cpu = Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, env="cpu-host")
+    merged = merge.merge([("a.json", _doc(meas, env="h200")), ("b.json", _doc(pred, cpu, env="cpu-host"))])
+    cells = {(c["backend"]): c for c in merged["cells"]}
+    assert cells["cuda"]["verified"] and cells["cuda"]["status"] == "pass" and cells["cpu"]["status"] == "pass"
+    assert {e["id"] for e in merged["environments"]} == {"h200", "cpu-host"}
+    assert merged["merged_from"] == ["a.json", "b.json"]
+    with pytest.raises(ValueError, match="hal-compat-matrix/1"):
+        merge.merge([("x.json", {"schema": "other"})])
+
+
+def test_diff_lists_status_time_and_fallback_changes():
+    old = _doc(Cell("mlu", "gpt", "train", "float32", status="pass-with-fallback",
+                    figures={"fallback_ops": ["aten::a", "aten::b"]}),
+               Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 10.0}))
+    new = _doc(Cell("mlu", "gpt", "train", "float32", status="pass", figures={"fallback_ops": ["aten::a"]}),
+               Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 14.0}),
+               Cell("cpu", "cnn", "train", "float32", status="pass", verified=True))
+    rows = merge.diff(old, new)
+    kinds = {(r["cell"], r["change"]) for r in rows}
+    assert kinds == {("mlu/gpt/train/float32", "status"), ("mlu/gpt/train/float32", "fallback_ops"),
+                     ("cpu/gpt/train/float32", "step_ms"), ("cpu/cnn/train/float32", "added")}
+
+
+def test_cli_merge_and_diff(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_doc(Cell("cpu", "gpt", "train", "float32", status="pass", verified=True))))
+    b.write_text(json.dumps(_doc(Cell("cpu", "gpt", "train", "float32", status="fail", verified=True))))
+    r = run_cli("hal", "matrix", "--merge", str(a), str(b), "--out", str(tmp_path / "m"))
+    assert r.returncode == 0 and (tmp_path / "m" / "compat-matrix.html").is_file()
+    r = run_cli("hal", "matrix", "--diff", str(a), str(b), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["change"] == "status"
+    r = run_cli("hal", "matrix", "--diff", str(a), str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("hal", "matrix", "--devices", "tpu", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "unknown device 'tpu'" in r.stderr
