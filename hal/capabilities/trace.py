@@ -1,0 +1,198 @@
+"""Trace which ATen ops each composite ATen op calls, from the real dispatcher of the installed torch.
+
+How (see docs/capabilities.md): every ``OpInfo`` of PyTorch's own test database is run on small CPU
+tensors under ``torch.profiler`` with overload names captured. The profiler's RecordFunction fires
+for every dispatcher call, composites included, so the event tree gives, for each op, the ATen
+overloads it called directly. An op's children are kept only where the kernel that ran on the CPU is
+the same composite kernel a PrivateUse1 device (the MLU) gets, i.e. where the CPU dispatch-table
+entry is the CompositeImplicitAutograd ("math") or CompositeExplicitAutograd ("default backend")
+kernel. Structured functional/in-place variants whose PrivateUse1 kernel is the generated
+CompositeExplicitAutogradNonFunctional wrapper call their ``structured_delegate`` (from the
+``native_functions.yaml`` packaged with torchgen).
+
+This needs ``torch.testing._internal`` (and the ``expecttest`` package); it runs in the generator,
+never at query time. Not thread-safe (it uses the profiler).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import pathlib
+import re
+import warnings
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from hal.capabilities.names import normalize_op
+
+LOG = logging.getLogger(__name__)
+
+_KIND = {"[math kernel]": "cia", "[default backend kernel]": "cea", "[kernel]": "kernel"}
+
+
+def kernel_kind(op: str, key: str) -> str:
+    """What the dispatcher runs for ``op`` on runtime key ``key`` ("CPU", "PrivateUse1", "CUDA"):
+    ``cia`` (CompositeImplicitAutograd), ``cea`` (CompositeExplicitAutograd[NonFunctional]),
+    ``kernel`` (a kernel registered for that key) or ``-`` (nothing: the key's fallback runs)."""
+    try:
+        table = torch._C._dispatch_dump_table(op)
+    except RuntimeError:
+        return "-"
+    for line in table.splitlines():
+        if line.startswith(key + ":"):
+            for tag, kind in _KIND.items():
+                if line.rstrip().endswith(tag):
+                    return kind
+            return "kernel"
+    return "-"
+
+
+def aten_ops() -> list[str]:
+    """Every ``aten::`` overload the installed torch's dispatcher knows, normalised, sorted."""
+    return sorted({normalize_op(n) for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")})
+
+
+def structured_delegates() -> dict[str, str]:
+    """``{"aten::add.Tensor": "aten::add.out", ...}`` from torchgen's packaged native_functions.yaml."""
+    try:
+        import torchgen
+    except ImportError:  # pragma: no cover - torchgen ships with torch
+        return {}
+    path = pathlib.Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    if not path.is_file():  # pragma: no cover
+        return {}
+    out: dict[str, str] = {}
+    func: Optional[str] = None
+    for line in path.read_text().splitlines():
+        m = re.match(r"^- func: ([\w.]+)\(", line)
+        if m:
+            func = m.group(1)
+            continue
+        m = re.match(r"^\s+structured_delegate: ([\w.]+)", line)
+        if m and func:
+            out[normalize_op("aten::" + func)] = normalize_op("aten::" + m.group(1))
+    return out
+
+
+def _event_name(ev) -> Optional[str]:
+    name = getattr(ev, "name", "")
+    if not name.startswith("aten::"):
+        return None
+    overload = getattr(ev, "overload_name", "") or ""
+    return normalize_op(name + ("." + overload if overload else ""))
+
+
+@contextlib.contextmanager
+def _profile():
+    from torch.autograd.profiler import profile
+    cfg = None
+    try:
+        cfg = torch._C._profiler._ExperimentalConfig(capture_overload_names=True)
+    except TypeError:  # older torch: overloads are not captured; names stay overload-less
+        LOG.warning("this torch cannot capture overload names in the profiler")
+    kwargs = {"experimental_config": cfg} if cfg is not None else {}
+    with profile(record_shapes=False, **kwargs) as prof:
+        yield prof
+
+
+def trace_calls(calls: Iterable[Callable[[], object]]) -> dict[str, set[str]]:
+    """Run each zero-argument callable under the profiler; ``{parent: {direct ATen children}}``."""
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for call in calls:
+        try:
+            with _profile() as prof, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                call()
+        except Exception as exc:  # an OpInfo sample may legitimately raise (error inputs)
+            LOG.debug("trace call failed: %s", exc)
+            continue
+        for ev in prof.function_events:
+            child = _event_name(ev)
+            parent = _event_name(ev.cpu_parent) if ev.cpu_parent is not None else None
+            if child and parent and child != parent:
+                edges[parent].add(child)
+            elif child and parent is None:
+                edges.setdefault(child, set())
+    return edges
+
+
+def _opinfo_calls(samples_per_op: int = 3) -> Iterable[Callable[[], object]]:
+    from torch.testing._internal.common_methods_invocations import op_db  # needs expecttest
+    for info in op_db:
+        try:
+            dtypes = info.supported_dtypes("cpu")
+        except Exception:
+            continue
+        dtype = torch.float32 if torch.float32 in dtypes else (sorted(dtypes, key=str)[0] if dtypes else None)
+        if dtype is None:
+            continue
+        for grad in (False, True):
+            if grad and not (info.supports_autograd and dtype.is_floating_point):
+                continue
+            try:
+                samples = list(itertools.islice(info.sample_inputs("cpu", dtype, requires_grad=grad), samples_per_op))
+            except Exception:
+                continue
+            for s in samples:
+                if _dense(s):  # sparse/nested inputs dispatch to other keys than CPU
+                    yield _make_call(info.op, s, grad)
+
+
+def _dense(sample) -> bool:
+    items = [sample.input, *sample.args, *sample.kwargs.values()]
+    flat = []
+    for x in items:
+        flat.extend(x if isinstance(x, (list, tuple)) else (x,))
+    return all(t.layout == torch.strided and not t.is_nested and not t.is_quantized
+               for t in flat if isinstance(t, torch.Tensor))
+
+
+def _make_call(fn, sample, grad: bool) -> Callable[[], object]:
+    def call():
+        out = fn(sample.input, *sample.args, **sample.kwargs)
+        if grad:
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                    if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
+            if outs:
+                torch.autograd.backward([o.sum() for o in outs])
+        return out
+    return call
+
+
+def _extra_calls() -> Iterable[Callable[[], object]]:
+    """Training-loop calls OpInfo does not cover (optimizers' foreach/fused paths, modules)."""
+    import torch.nn.functional as F
+
+    def adamw(foreach: bool):
+        p = [torch.randn(4, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+        opt = torch.optim.AdamW(p, lr=1e-3, foreach=foreach)
+        sum(x.sum() for x in p).backward()
+        opt.step()
+
+    def sgd(foreach: bool):
+        p = [torch.randn(4, 4, requires_grad=True)]
+        opt = torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=foreach)
+        p[0].sum().backward()
+        opt.step()
+        opt.step()
+
+    def sdpa():
+        q = torch.randn(1, 2, 4, 8, requires_grad=True)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+
+    def transformer():
+        layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+        layer(torch.randn(2, 3, 8)).sum().backward()
+
+    yield from (lambda: adamw(True), lambda: adamw(False), lambda: sgd(True), lambda: sgd(False), sdpa, transformer)
+    yield lambda: F.cross_entropy(torch.randn(3, 5, requires_grad=True), torch.tensor([1, 0, 4])).backward()
+    yield lambda: F.embedding(torch.tensor([[1, 2]]), torch.randn(5, 3, requires_grad=True)).sum().backward()
+
+
+def trace_composites(samples_per_op: int = 3) -> dict[str, set[str]]:
+    """Direct ATen children of every op traced over PyTorch's OpInfo database and training calls."""
+    torch.manual_seed(0)
+    return trace_calls(itertools.chain(_opinfo_calls(samples_per_op), _extra_calls()))
