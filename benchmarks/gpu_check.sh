@@ -2,8 +2,9 @@
 # The whole GPU check of the CUDA backend, in one command on a machine with 2 CUDA GPUs:
 # environment fingerprint, the conformance suite and the CUDA/Triton tests, `hal collectives` on
 # 2 GPUs, the kernel benchmark and the collective benchmark. Everything lands under $OUT (default
-# ./out) as at most 8 files: gpu_check.log (all output), env.json, pytest.log, hal_collectives.json,
-# bench_kernels.{json,txt}, bench_collectives.{json,txt}.
+# ./out) as 7 files: gpu_check.log (all output, benchmark tables included), env.json, pytest.log,
+# hal_collectives.json, bench_kernels.json, bench_collectives.json and cuda_manifest.json (the capability
+# manifest generated from the live CUDA dispatcher of this torch build).
 #
 # Usage, from the project root:  [HAL_COMMIT=<sha>] benchmarks/gpu_check.sh
 # Wheels the machine lacks (stevedore) are installed from .whl/ when present
@@ -64,13 +65,17 @@ check $? "hal collectives"
 $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print('passed:', d['passed'], len(d['rows']), 'rows', sum(r['status']=='fail' for r in d['rows']), 'failed')" "$OUT/hal_collectives.json"
 
 step "bench_kernels"
-timeout 190 $PY benchmarks/bench_kernels.py --sweep --json "$OUT/bench_kernels.json" 2>&1 | tee "$OUT/bench_kernels.txt"
-check "${PIPESTATUS[0]}" "bench_kernels"
+timeout 200 $PY benchmarks/bench_kernels.py --sweep --json "$OUT/bench_kernels.json"
+check $? "bench_kernels"
 
 step "bench_collectives (torchrun, 2 GPUs)"
 timeout 120 $PY -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/bench_collectives.py \
-  --blocking-wait --json "$OUT/bench_collectives.json" 2>&1 | tee "$OUT/bench_collectives.txt"
-check "${PIPESTATUS[0]}" "bench_collectives"
+  --sizes-mib 16,64,256,1024,4096 --blocking-wait --json "$OUT/bench_collectives.json"
+check $? "bench_collectives"
+
+step "capability manifest from the live CUDA dispatcher"
+timeout 90 $PY -m hal.capabilities.generate cuda --out "$OUT/cuda_manifest.json"
+check $? "manifest"
 
 step "done: $failed step(s) failed"
 exit "$failed"

@@ -35,9 +35,13 @@ def _raw_torch_stream(stream: Any) -> Any:
 
 def cupy_stream_from_torch(stream: Any) -> Any:
     """``cupy.cuda.ExternalStream`` over a torch CUDA stream (or a HAL :class:`TorchStream`)."""
+    import warnings
+
     import cupy
     raw = _raw_torch_stream(stream)
-    return cupy.cuda.ExternalStream(int(raw.cuda_stream), int(raw.device.index or 0))
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(int(raw.cuda_stream), int(raw.device.index or 0))
 
 
 def torch_stream_from_cupy(stream: Any, device: Any = None) -> TorchStream:

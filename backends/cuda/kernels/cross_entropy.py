@@ -1,9 +1,11 @@
 """Triton cross-entropy: fused log_softmax + nll_loss over class logits, with backward.
 
-Forward: one program per row reads the logits once (a running max and sum per lane, the online
-softmax), gathers the target logit, and writes the row's loss and log-sum-exp (two floats per
-row); the ``[rows, classes]`` probabilities are never materialised. Backward reads the logits
-once more and writes ``(softmax - onehot) * grad`` directly. Rows whose target equals
+Forward: the logits are read once. Rows of up to 16384 classes take one program per row; longer
+rows are split into chunks of 8192 classes, one program per (row, chunk) computing the chunk's max
+and sum of exponentials, and a second small kernel combines them per row (log-sum-exp), gathers
+the target logit and writes the row's loss and log-sum-exp (two floats per row): the
+``[rows, classes]`` probabilities are never materialised. Backward reads the logits once more and
+writes ``(softmax - onehot) * grad`` directly, one program per (row, chunk). Rows whose target equals
 ``ignore_index`` contribute 0 and are left out of the mean (all ignored: NaN, as torch); a target
 outside ``[0, classes)`` gives a NaN loss (torch raises a device-side assert instead).
 """
@@ -18,7 +20,10 @@ import triton.language as tl
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for
 from hal.backends.cuda.kernels.softmax import _online_max_sum
 
-_BLOCK = 16384
+#: rows up to this many classes take one program per row (one launch); longer rows are split into
+#: chunks of _CHUNK classes, one program per (row, chunk), then combined per row
+_SINGLE = 16384
+_CHUNK = 8192
 
 
 @triton.jit
@@ -36,23 +41,49 @@ def _ce_fwd(X, T, Loss, Lse, stride_x, V, ignore_index, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _ce_bwd(X, T, Lse, G, DX, stride_x, stride_dx, V, BLOCK: tl.constexpr):
+def _ce_partial(X, Pm, Ps, stride_x, V, NCH, BLOCK: tl.constexpr):
+    """Max and sum(exp(x - max)) of one chunk of one row."""
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride_x + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    s = tl.where(m == -float("inf"), 0.0, tl.sum(tl.exp(x - m), 0))
+    tl.store(Pm + row * NCH + chunk, m)
+    tl.store(Ps + row * NCH + chunk, s)
+
+
+@triton.jit
+def _ce_combine(X, T, Pm, Ps, Loss, Lse, stride_x, V, NCH, ignore_index, CB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, CB)
+    pm = tl.load(Pm + row * NCH + k, mask=k < NCH, other=-float("inf"))
+    ps = tl.load(Ps + row * NCH + k, mask=k < NCH, other=0.0)
+    row_max = tl.max(pm, 0)
+    total = tl.sum(tl.where(pm == -float("inf"), 0.0, ps * tl.exp(pm - row_max)), 0)
+    lse = row_max + tl.log(total)
+    t = tl.load(T + row).to(tl.int64)
+    valid = t != ignore_index
+    in_range = (t >= 0) & (t < V)
+    xt = tl.load(X + row * stride_x + tl.where(in_range, t, 0)).to(tl.float32)
+    loss = tl.where(valid, tl.where(in_range, lse - xt, float("nan")), 0.0)
+    tl.store(Loss + row, loss)
+    tl.store(Lse + row, lse)
+
+
+@triton.jit
+def _ce_bwd(X, T, Lse, G, DX, stride_x, stride_dx, V, BLOCK: tl.constexpr):
+    """dx = (softmax(x) - onehot(t)) * g for one chunk of one row (g = 0 on ignored rows)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < V
     t = tl.load(T + row).to(tl.int64)
     lse = tl.load(Lse + row)
     g = tl.load(G + row)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < V
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        p = tl.exp(x - lse)
-        dx = (p - tl.where(cols == t, 1.0, 0.0)) * g
-        dx = tl.where(g == 0.0, 0.0, dx)
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-
-
-def _block(v: int) -> int:
-    return min(_BLOCK, next_power_of_2(v))
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    dx = (tl.exp(x - lse) - tl.where(cols == t, 1.0, 0.0)) * g
+    dx = tl.where(g == 0.0, 0.0, dx)
+    tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
@@ -62,11 +93,30 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     t = target.contiguous()
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    block = _block(v)
-    if rows:
+    if not rows:
+        return x2, t, loss, lse
+    if v <= _SINGLE:
+        block = next_power_of_2(v)
         _ce_fwd[(rows,)](x2, t, loss, lse, x2.stride(0), v, int(ignore_index), BLOCK=block,
                          num_warps=num_warps_for(block))
+    else:
+        nch = triton.cdiv(v, _CHUNK)
+        pm = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
+        ps = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
+        _ce_partial[(rows, nch)](x2, pm, ps, x2.stride(0), v, nch, BLOCK=_CHUNK, num_warps=num_warps_for(_CHUNK))
+        _ce_combine[(rows,)](x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, int(ignore_index),
+                             CB=max(16, next_power_of_2(nch)), num_warps=1)
     return x2, t, loss, lse
+
+
+def ce_backward(x2, t, lse, per_row):
+    rows, v = x2.shape
+    dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device)
+    block = min(next_power_of_2(v), _CHUNK)
+    if rows:
+        _ce_bwd[(rows, triton.cdiv(v, block))](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,
+                                               num_warps=num_warps_for(block))
+    return dx
 
 
 def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
@@ -98,17 +148,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         else:
             per_row = (g / valid.sum()).expand(t.shape[0])
         per_row = torch.where(valid, per_row, torch.zeros((), device=g.device)).contiguous()
-        rows, v = x2.shape
-        dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device)
-        block = min(_block(v), 8192)
-        if rows:
-            _ce_bwd[(rows,)](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,
-                             num_warps=num_warps_for(block))
-        return dx.view(ctx.shape), None, None, None
+        return ce_backward(x2, t, lse, per_row).view(ctx.shape), None, None, None
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy`` for ``input [rows, classes]``, class-index ``target [rows]``, no weight
     and no label smoothing (the registry's predicate sends other calls to torch)."""
-    return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
+    if input.requires_grad and torch.is_grad_enabled():
+        return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
+    _, t, loss, _ = ce_forward(input, target, ignore_index)
+    return _reduce(loss, t != ignore_index, reduction, input.dtype)

@@ -186,6 +186,10 @@ class RmsNormFunction(torch.autograd.Function):
         return dx, (dx if ctx.has_res else None), dw, None, None
 
 
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _n(normalized_shape: Sequence[int]) -> int:
     n = 1
     for s in normalized_shape:
@@ -196,7 +200,9 @@ def _n(normalized_shape: Sequence[int]) -> int:
 def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the trailing ``normalized_shape`` dims."""
-    return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
+    if _needs_grad(input, weight, bias):
+        return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
+    return norm_forward(input, None, weight, bias, eps, False, _n(normalized_shape))[0]
 
 
 def _eps(input: torch.Tensor, eps: Optional[float]) -> float:
@@ -206,11 +212,16 @@ def _eps(input: torch.Tensor, eps: Optional[float]) -> float:
 def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
              eps: Optional[float] = None) -> torch.Tensor:
     """``F.rms_norm`` over the trailing ``normalized_shape`` dims (eps None: the dtype's machine eps)."""
-    return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
+    if _needs_grad(input, weight):
+        return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
+    return norm_forward(input, None, weight, None, _eps(input, eps), True, _n(normalized_shape))[0]
 
 
 def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Sequence[int],
                  weight: Optional[torch.Tensor] = None, eps: Optional[float] = None):
     """``h = input + residual``; returns ``(rms_norm(h), h)`` in one pass."""
-    y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))
+    if _needs_grad(input, residual, weight):
+        y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))
+        return y, h
+    y, h, _, _ = norm_forward(input, residual, weight, None, _eps(input, eps), True, _n(normalized_shape))
     return y, h

@@ -140,9 +140,13 @@ class SoftmaxFunction(torch.autograd.Function):
 
 def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.softmax(input, dim, dtype=dtype)`` for the last dim (see :func:`supports_softmax`)."""
-    return SoftmaxFunction.apply(input, False, dtype)
+    if input.requires_grad and torch.is_grad_enabled():
+        return SoftmaxFunction.apply(input, False, dtype)
+    return softmax_forward(input, False, dtype)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.log_softmax(input, dim, dtype=dtype)`` for the last dim."""
-    return SoftmaxFunction.apply(input, True, dtype)
+    if input.requires_grad and torch.is_grad_enabled():
+        return SoftmaxFunction.apply(input, True, dtype)
+    return softmax_forward(input, True, dtype)
