@@ -75,14 +75,14 @@ def device_module() -> Any:
     dt = device_type()
     mod = getattr(torch, dt, None)
     if mod is None:
-        raise NotSupportedError(f"torch has no device module torch.{dt}")
+        raise NotSupportedError(f"torch.{dt}", backend().name, ["torch has no such device module"])
     return mod
 
 
 def _call(name: str, *args: Any, **kwargs: Any) -> Any:
     fn = getattr(device_module(), name, None)
     if fn is None:
-        raise NotSupportedError(f"torch.{device_type()}.{name} does not exist (backend {backend().name})")
+        raise NotSupportedError(f"torch.{device_type()}.{name}", backend().name, ["the device module has no such call"])
     return fn(*args, **kwargs)
 
 
@@ -183,7 +183,7 @@ def GradScaler(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - mirrors torch.
         return torch.amp.GradScaler(device_type(), *args, **kwargs)
     if device_type() == "cuda":  # pragma: no cover - torch < 2.3
         return torch.cuda.amp.GradScaler(*args, **kwargs)
-    raise NotSupportedError("GradScaler for a non-CUDA device needs torch >= 2.3")
+    raise NotSupportedError("GradScaler", backend().name, ["a non-CUDA GradScaler needs torch >= 2.3"])
 
 
 _RANGES = threading.local()
@@ -215,3 +215,24 @@ def range(msg: str, *args: Any, **kwargs: Any):  # noqa: A001 - mirrors torch.cu
 def mark(msg: str) -> None:
     with torch.autograd.profiler.record_function(msg):
         pass
+
+
+def get_device_properties(index: Optional[int] = None) -> Any:
+    """The fields CUDA code reads from ``torch.cuda.get_device_properties`` (name, total_memory,
+    major, minor), from the backend's :class:`hal.DeviceProperties`; major/minor are the vendor's
+    own architecture version ((0, 0) on the CPU): never compare them across vendors."""
+    import types
+    props = backend().device_properties(index or 0)
+    major, minor = tuple(props.capability) if props.capability is not None else (0, 0)
+    return types.SimpleNamespace(name=props.name, total_memory=props.total_memory, major=major, minor=minor,
+                                 properties=props)
+
+
+def Graph(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - mirrors torch.cuda.CUDAGraph
+    """The device's graph-capture class (``torch.cuda.CUDAGraph``, ``torch.mlu.MLUGraph``)."""
+    return _call(f"{device_type().upper()}Graph", *args, **kwargs)
+
+
+def graph(g: Any, *args: Any, **kwargs: Any) -> Any:
+    """The device's graph-capture context (``torch.cuda.graph``, ``torch.mlu.graph``)."""
+    return _call("graph", g, *args, **kwargs)
