@@ -72,7 +72,7 @@ def main() -> None:
     x = torch.randn(256, 16, generator=gen)
     y = (x[:, :1] * 0.5 - x[:, 1:2] ** 2).contiguous()
     start = time.perf_counter()
-    for step in range(args.steps):
+    for _step in range(args.steps):
         idx = torch.randint(0, x.shape[0], (args.batch,), generator=gen)
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
         with torch.cuda.amp.autocast(enabled=use_amp):

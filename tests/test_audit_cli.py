@@ -1,6 +1,5 @@
 """The hal-audit command line: DESIGN.md section 4 (options, exit codes, reports in --out)."""
 import json
-import os
 import pathlib
 import subprocess
 import sys
