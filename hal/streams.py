@@ -160,7 +160,10 @@ class TorchEvent(Event):
     def elapsed_time(self, end: Event) -> float:
         if not isinstance(end, TorchEvent):
             raise RuntimeError("elapsed_time needs two events of the same backend")
-        return float(self.raw.elapsed_time(end.raw))
+        try:
+            return float(self.raw.elapsed_time(end.raw))
+        except ValueError as exc:  # torch >= 2.11 raises ValueError for events without timing
+            raise RuntimeError(str(exc)) from exc
 
 
 class TorchStream(Stream):

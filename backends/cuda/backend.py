@@ -32,17 +32,6 @@ NCCL_ENV_DEFAULTS = {
 ENV_ROUTE_ATEN = "HAL_CUDA_ROUTE_ATEN"
 
 
-class CudaEvent(TorchEvent):
-    """A ``torch.cuda.Event`` held to the :class:`hal.streams.Event` contract: ``elapsed_time`` on
-    events without timing raises RuntimeError (torch 2.11 raises ValueError there)."""
-
-    def elapsed_time(self, end: Any) -> float:
-        try:
-            return super().elapsed_time(end)
-        except ValueError as exc:
-            raise RuntimeError(str(exc)) from exc
-
-
 def _index(device: Any) -> int:
     if device is None:
         return torch.cuda.current_device()
@@ -259,8 +248,8 @@ class CudaBackend(Backend):
     def current_stream(self, device: Any = None) -> TorchStream:
         return TorchStream(torch.cuda.current_stream(_index(device)), torch.cuda)
 
-    def create_event(self, enable_timing: bool = False) -> CudaEvent:
-        return CudaEvent(torch.cuda.Event(enable_timing=enable_timing))
+    def create_event(self, enable_timing: bool = False) -> TorchEvent:
+        return TorchEvent(torch.cuda.Event(enable_timing=enable_timing))
 
     # ---- ops --------------------------------------------------------------------------------------
     def register_ops(self, registry: Any) -> None:
