@@ -140,6 +140,13 @@ class OpCapture(TorchDispatchMode):
         self.shapes: dict[Any, list] = {}
         self._shape_tries: dict[Any, int] = {}
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch >= 2.10 wraps __torch_dispatch__ in torch._disable_dynamo unless this says False:
+        # the wrapper imports torch._dynamo on the first op (about a second of CPU) and adds a frame
+        # per op. The capture never runs under torch.compile's tracing, so it opts out.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
         ins: list = []
