@@ -29,12 +29,13 @@ HAL_IMPORT = f"import hal.conformance.migration.portable as {HAL_ALIAS}"
 #: calls whose first positional argument is a device
 _DEVICE_ARG0 = frozenset({"torch.device", "torch.Generator", "torch.autocast", "torch.amp.autocast",
                           "torch.amp.GradScaler", "torch.amp.autocast_mode.autocast",
-                          "torch.get_autocast_dtype", "torch.set_autocast_dtype", "torch.is_autocast_enabled"})
+                          "torch.get_autocast_dtype", "torch.set_autocast_dtype", "torch.is_autocast_enabled",
+                          "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh"})
 #: keyword arguments that hold a device
 _DEVICE_KWARGS = frozenset({"device", "device_type", "map_location", "pin_memory_device"})
 #: names compared against a device string (x.device.type == "cuda", device == "cuda")
 _DEVICE_COMPARE_ATTRS = frozenset({"type", "device_type", "device"})
-_DIST_CALLS = frozenset({"init_process_group", "new_group", "new_subgroups", "init_device_mesh"})
+_DIST_CALLS = frozenset({"init_process_group", "new_group", "new_subgroups"})
 _FLOAT64 = frozenset({"torch.float64", "torch.double", "torch.complex128", "torch.cdouble"})
 _CPP_EXT = "torch.utils.cpp_extension"
 _ENV_GETTERS = frozenset({"os.getenv", "os.putenv", "os.unsetenv", "os.environ.get", "os.environ.setdefault",
