@@ -108,6 +108,8 @@ def error_stats(target: torch.Tensor, ref: torch.Tensor, *, target_dtype: torch.
         "max_rel": max_rel,
         "mean_rel": sd / sr if sr > 0 else (0.0 if sd == 0 else math.inf),
         "rms_rel": math.sqrt(sd2 / sr2) if sr2 > 0 else (0.0 if sd2 == 0 else math.inf),
+        "rms_abs": math.sqrt(sd2 / nb),
+        "rms_ref": rms_ref,
         "cosine": cosine,
         "mismatch_frac": mismatch,
         "nan_inf_mismatch": nonfin_mismatch,

@@ -6,9 +6,11 @@ target's inputs upcast, so any difference is introduced by this op. Costs are ke
 * an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
   version, holding a strong reference to the source so the key cannot be recycled; bounded by
   bytes (LRU), cleared by the owner at the end of each step;
-* sampling giant outputs: matrix products are shadowed on a fixed subset of output rows,
-  point-wise ops on a fixed subset of output positions, last-dim softmax on a subset of rows.
-  Everything else is shadowed in full.
+* sampling giant outputs: matrix products are shadowed on a fixed grid of output rows x columns
+  (only those rows of A and columns of B are upcast), point-wise ops on a fixed subset of output
+  positions, last-dim softmax (and its backward) on a subset of rows. Everything else is shadowed
+  in full, except outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are
+  left to the reference-run comparison (recorded as unshadowed with the reason).
 
 Not thread-safe: one :class:`Shadow` per tracer.
 """
@@ -86,6 +88,25 @@ def _rows(n_rows: int, row_len: int, max_elements: int) -> Optional[torch.Tensor
     return torch.randperm(n_rows, generator=g)[:m].sort().values
 
 
+def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A fixed subset of rows and columns with about ``max_elements`` cells in all."""
+    side = max(1, int(math.sqrt(max_elements)))
+    nr = min(n_rows, max(side, max_elements // max(1, n_cols)))
+    nc = min(n_cols, max(1, max_elements // nr))
+    g = torch.Generator().manual_seed(n_rows * 7919 + n_cols)
+    rows = torch.randperm(n_rows, generator=g)[:nr].sort().values
+    cols = torch.randperm(n_cols, generator=g)[:nc].sort().values
+    return rows, cols
+
+
+#: outputs this many times over ``max_elements`` with no sampled variant are not shadowed.
+HUGE_FACTOR = 64
+
+
+class UnshadowedError(RuntimeError):
+    """The op's output is too large to shadow in full and no sampled variant exists."""
+
+
 class Shadow:
     """Runs float64 CPU shadows of aten ops; returns (target values, shadow values, sampled)."""
 
@@ -108,6 +129,9 @@ class Shadow:
             fast = self._sampled(func, name, args, kwargs, out)
             if fast is not None:
                 return fast
+        if big and out.numel() > HUGE_FACTOR * self.max_elements:
+            raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
+                                  "compared against the reference run only")
         a64 = tree_map(lambda x: _float64_args(x, self.cache), args)
         k64 = tree_map(lambda x: _float64_args(x, self.cache), kwargs)
         res = func(*a64, **k64)
@@ -120,28 +144,36 @@ class Shadow:
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
-            rows = _rows(out.shape[0], out.shape[1], self.max_elements)
-            if rows is None:
-                return None
-            r_dev = rows.to(a.device)
-            prod = a.detach()[r_dev].to(_CPU, _F64) @ c.get(b)
+            rows, cols = _grid(out.shape[0], out.shape[1], self.max_elements)
+            r_dev, c_dev = rows.to(a.device), cols.to(a.device)
+            prod = a.detach()[r_dev].to(_CPU, _F64) @ b.detach()[:, c_dev].to(_CPU, _F64)
             if name == "addmm":
-                bias = args[0]
-                beta = kwargs.get("beta", 1)
-                alpha = kwargs.get("alpha", 1)
-                bias64 = c.get(bias)
+                bias64 = args[0].detach().to(_CPU, _F64)
                 if bias64.dim() == 2 and bias64.shape[0] == out.shape[0]:
                     bias64 = bias64[rows]
-                prod = beta * bias64 + alpha * prod
-            return out[r_dev], prod, f"rows {rows.numel()}/{out.shape[0]}"
+                if bias64.dim() >= 1 and bias64.shape[-1] == out.shape[1]:
+                    bias64 = bias64[..., cols]
+                prod = kwargs.get("beta", 1) * bias64 + kwargs.get("alpha", 1) * prod
+            return out[r_dev][:, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[0]}x{out.shape[1]}"
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
-            rows = _rows(out.shape[1], out.shape[0] * out.shape[2], self.max_elements)
+            per = max(1, self.max_elements // out.shape[0])
+            rows, cols = _grid(out.shape[1], out.shape[2], per)
+            r_dev, c_dev = rows.to(a.device), cols.to(a.device)
+            prod = a.detach()[:, r_dev].to(_CPU, _F64) @ b.detach()[:, :, c_dev].to(_CPU, _F64)
+            return out[:, r_dev][:, :, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
+        if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
+            g, o = args[0], args[1]
+            last = out.shape[-1]
+            n_rows = out.numel() // max(1, last)
+            rows = _rows(n_rows, last, self.max_elements)
             if rows is None:
                 return None
-            r_dev = rows.to(a.device)
-            prod = a.detach()[:, r_dev].to(_CPU, _F64) @ c.get(b)
-            return out[:, r_dev], prod, f"rows {rows.numel()}/{out.shape[1]}"
+            r_dev = rows.to(out.device)
+            gs = g.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
+            os_ = o.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
+            ref = func(gs, os_, -1, _F64)
+            return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
             x = args[0]
             last = out.shape[-1]

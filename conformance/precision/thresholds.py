@@ -124,6 +124,8 @@ def thresholds_summary() -> Dict[str, object]:
                       "or mismatch fraction > 1e-3",
         "total_rule": "aggregate: exceeds if NaN/Inf mismatch, rms_rel > rtol_eff + atol, or cosine < 0.99; "
                       "dtype = least precise on the data path (or the autocast dtype)",
+        "parameter_rule": "parameters after the optimizer step: exceeds if NaN/Inf mismatch or "
+                          "rms(|p-p_ref|) > rtol_eff*rms(p_ref) + atol + lr (the optimizer's per-step resolution)",
         "nan_inf": "any NaN/Inf position differing from the reference exceeds",
         "module_cosine_min": MODULE_COSINE_MIN,
         "cambricon_mean_rms_rel": CAMBRICON_MEAN_RMS_REL,

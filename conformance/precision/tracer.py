@@ -118,7 +118,7 @@ class StepTracer(TorchDispatchMode):
     def __init__(self, model: torch.nn.Module, role: str, *, reference_samples=None,
                  shadow: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS,
                  sample: bool = True, record_module_outputs: bool = True,
-                 compute_dtype: Optional[torch.dtype] = None):
+                 compute_dtype: Optional[torch.dtype] = None, cache_bytes: int = 1 << 30):
         super().__init__()
         if role not in ("reference", "target"):
             raise ValueError(f"role must be 'reference' or 'target', not {role!r}")
@@ -126,7 +126,7 @@ class StepTracer(TorchDispatchMode):
         self.role = role
         self.samples: Dict[tuple, torch.Tensor] = {} if reference_samples is None else reference_samples
         self.do_shadow = shadow and role == "target"
-        self.shadow = Shadow(max_elements, sample=sample) if self.do_shadow else None
+        self.shadow = Shadow(max_elements, cache_bytes=cache_bytes, sample=sample) if self.do_shadow else None
         self.max_elements = max_elements if sample else 1 << 62
         self.records: List[OpRecord] = []
         self._counts: Dict[tuple, int] = collections.defaultdict(int)

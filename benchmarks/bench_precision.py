@@ -1,0 +1,133 @@
+"""Overhead of the precision comparison on a training step: plain vs naive shadow vs ours.
+
+Measures, side by side in one run and on the same workload (default: hal.models gpt
+``gpt2-small`` shapes, batch 1 x 128 tokens, float32, 2 CPU threads):
+
+* ``plain``: ``forward -> loss -> backward -> optimizer step``;
+* ``naive shadow``: the same step with every op re-run in float64 on its full inputs and
+  compared in full (no upcast cache, no sampling);
+* ``shadow + stats``: the tool's target pass: float64 shadows with the upcast cache, fused
+  one-pass statistics and sampled giant outputs (``max_elements`` per tensor);
+* ``reference step``: the float64 reference step (reported for context; the full
+  ``compare_workload`` runs it once, and it is the same cost whatever the comparison does).
+
+Each variant: 1 warm-up, ``--repeats`` timed runs (median). Goal: shadow + stats <= 4x plain.
+Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def _step(w, batch, tracer=None) -> float:
+    w.optimizer.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    if tracer is None:
+        loss = w.forward_loss(batch)
+        loss.backward()
+    else:
+        with tracer:
+            loss = w.forward_loss(batch)
+            loss.backward()
+    w.optimizer.step()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    from tabulate import tabulate
+
+    from hal.conformance.precision.compare import to_reference
+    from hal.conformance.precision.tracer import StepTracer, Widen64Mode
+    from hal.models import get_workload
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt")
+    p.add_argument("--config", default="gpt2-small")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-elements", type=int, default=1 << 15)
+    p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
+    p.add_argument("--out", default="out/bench_precision.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    overrides = {"batch_size": args.batch_size}
+    if args.model in ("gpt", "moe"):
+        overrides["seq_len"] = args.seq_len
+    w = get_workload(args.model, config=args.config, **overrides).build("cpu", torch.float32, seed=0)
+    batch = w.example_batch()
+    n_params = sum(p.numel() for p in w.model.parameters())
+
+    variants = {
+        "plain": lambda: None,
+        "naive shadow (full, no cache)": lambda: StepTracer(w.model, "target", shadow=True, sample=False,
+                                                            cache_bytes=0, record_module_outputs=False),
+        "shadow + stats (ours)": lambda: StepTracer(w.model, "target", shadow=True, sample=True,
+                                                    max_elements=args.max_elements, record_module_outputs=True),
+    }
+    if args.skip_naive:
+        del variants["naive shadow (full, no cache)"]
+    times = {}
+    for name, make in variants.items():
+        runs = []
+        for i in range(args.repeats + 1):
+            t = _step(w, batch, make())
+            if i:
+                runs.append(t)
+        times[name] = runs
+    # the float64 reference step, for context
+    import copy
+
+    from hal.conformance.precision.compare import widen_optimizer_state
+    ref = copy.deepcopy(w)
+    ref.model.to(torch.float64)
+    widen_optimizer_state(ref.optimizer)
+    rb = to_reference(batch)
+    runs = []
+    for i in range(args.repeats + 1):
+        ref.optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        with Widen64Mode():
+            loss = ref.forward_loss(rb)
+            loss.backward()
+        ref.optimizer.step()
+        if i:
+            runs.append(time.perf_counter() - t0)
+    times["float64 reference step"] = runs
+
+    base = statistics.median(times["plain"])
+    rows, result = [], {}
+    for name, runs in times.items():
+        med = statistics.median(runs)
+        rows.append([name, f"{med:.3f}", f"{med / base:.2f}x", " ".join(f"{r:.3f}" for r in runs)])
+        result[name] = {"median_s": med, "ratio_to_plain": med / base, "runs_s": runs}
+    print(f"{args.model}:{args.config} batch {args.batch_size}"
+          + (f" x {args.seq_len} tokens" if args.model in ("gpt", "moe") else "")
+          + f", {n_params / 1e6:.1f}M parameters, float32, {args.threads} CPU threads, "
+          f"median of {args.repeats}, max_elements {args.max_elements}")
+    print(tabulate(rows, headers=["variant", "median s", "vs plain", "runs s"], tablefmt="github"))
+    ours = result["shadow + stats (ours)"]["ratio_to_plain"]
+    print(f"goal: shadow + stats <= 4x plain -> {ours:.2f}x ({'met' if ours <= 4 else 'NOT met'})")
+    doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config,
+           "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
+           "repeats": args.repeats, "max_elements": args.max_elements, "parameters": n_params,
+           "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+           "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+           "results": result, "goal_ratio": 4.0, "goal_met": ours <= 4.0}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
