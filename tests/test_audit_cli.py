@@ -152,6 +152,12 @@ def test_dynamic_request_and_exit_codes(tmp_path, monkeypatch):
     assert cli.exit_code({"run": {"status": "timeout"}}, None) == 3
 
 
+def test_run_part_paths_become_relative(tmp_path):
+    f = cli._relative({"path": str(EXAMPLE), "line": 3}, EXAMPLE.parent)
+    assert f["path"] == "cuda_train.py"
+    assert cli._relative({"path": "/elsewhere/x.py"}, EXAMPLE.parent)["path"] == "/elsewhere/x.py"
+
+
 def test_classify_targets(tmp_path):
     assert cli.classify(str(EXAMPLE)) == ("script", str(EXAMPLE))
     assert cli.classify(f"{EXAMPLE}:main") == ("func", str(EXAMPLE))

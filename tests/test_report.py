@@ -82,6 +82,11 @@ def test_sarif_2_1_0(tmp_path):
     assert loc["region"]["startLine"] == 2 and loc["region"]["startColumn"] == 26
     assert run["originalUriBaseIds"]["SRCROOT"]["uri"].startswith("file://")
     assert {r["level"] for r in run["results"]} == {"error", "warning"}
+    report["findings"].append({"rule": "runtime-x", "path": "/abs/where.py", "line": 1, "severity": "info",
+                               "message": "m", "fix": None})
+    last = json.loads(rep.render(report, "sarif", CATALOGUE, str(root)))["runs"][0]
+    assert last["results"][-1]["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": "file:///abs/where.py"}
+    assert last["results"][-1]["level"] == "note" and "runtime-x" in {r["id"] for r in last["tool"]["driver"]["rules"]}
 
 
 def test_a_new_section_is_a_renderer_not_a_writer(tmp_path):

@@ -14,6 +14,13 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 
 
+def _artifact(path: str) -> dict:
+    """Relative paths resolve against SRCROOT (the audited folder); absolute ones are file URIs."""
+    if path.startswith("/") or (len(path) > 2 and path[1] == ":"):
+        return {"uri": pathlib.Path(path).as_uri()}
+    return {"uri": urllib.parse.quote(path), "uriBaseId": "SRCROOT"}
+
+
 def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = None,
              tool_version: str = "0") -> dict:
     findings = report.get("findings") or []
@@ -34,9 +41,8 @@ def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = N
             region["endColumn"] = max(1, int(f.get("end_column") or 1))
         res = {"ruleId": f["rule"], "ruleIndex": index[f["rule"]], "level": LEVELS.get(f.get("severity"), "note"),
                "message": {"text": f.get("message") or f["rule"]},
-               "locations": [{"physicalLocation": {
-                   "artifactLocation": {"uri": urllib.parse.quote(str(f.get("path", ""))), "uriBaseId": "SRCROOT"},
-                   "region": region}}]}
+               "locations": [{"physicalLocation": {"artifactLocation": _artifact(str(f.get("path", ""))),
+                                                    "region": region}}]}
         if f.get("fix"):
             res["properties"] = {"fix": f["fix"]}
         results.append(res)

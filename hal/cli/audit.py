@@ -138,6 +138,16 @@ def _static(path: str, device: str):
         raise CliError(str(exc)) from None
 
 
+def _relative(finding: dict, root) -> dict:
+    """A run-part finding with its path made relative to the audited folder when it lies inside."""
+    path = finding.get("path")
+    if root is not None and isinstance(path, str) and os.path.isabs(path):
+        rel = os.path.relpath(path, root)
+        if not rel.startswith(os.pardir):
+            return {**finding, "path": rel.replace(os.sep, "/")}
+    return finding
+
+
 def exit_code(report: dict, fail_on: Optional[str]) -> int:
     """The contract's exit code for a written report (see the module docstring)."""
     if (report.get("run") or {}).get("status") in FAILED_RUN:
@@ -188,7 +198,7 @@ def handle(args: argparse.Namespace) -> int:
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
                      ("error", None)):
             run.setdefault(k, v)
-        findings += list(sections.get("findings") or [])
+        findings += [_relative(f, static.root if static is not None else None) for f in sections.get("findings") or []]
         if isinstance(sections.get("target"), dict):
             target.update({k: v for k, v in sections["target"].items() if k in ("available", "verified", "reason")})
     extra = {}
