@@ -69,8 +69,8 @@ def test_cuda_only_training_script_runs_redirected_with_findings(tmp_path):
     assert all(f["path"] == str(FIX / "cuda_train.py") for f in s["findings"])
     autocast = next(f for f in s["findings"] if f["rule"] == "runtime-redirect-autocast")
     assert autocast["severity"] == "warning" and "bfloat16" in autocast["message"] and autocast["count"] == 3
-    # only the spec and the result file were written, and only inside out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["runtime-child-result.json", "runtime-child-spec.json"]
+    # the child's spec and result files lived in out and were removed: nothing is left behind
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_nccl_init_is_redirected_to_gloo(tmp_path, monkeypatch):
@@ -125,9 +125,11 @@ def test_failing_programs_become_run_status(script, status, error_part):
 
 def test_hang_is_stopped_by_timeout_and_leaves_no_process():
     before = {p.pid for p in psutil.process_iter()}
-    s = audit("hang_with_child.py", timeout=3)
-    assert s["run"]["status"] == "timeout" and "3 s" in s["run"]["error"]
-    grandchild = int(s["run"]["output_tail"][0].split()[1])
+    s = audit("hang_with_child.py", timeout=12)  # generous: importing torch alone takes seconds on a busy box
+    assert s["run"]["status"] == "timeout" and "12 s" in s["run"]["error"]
+    started = [line for line in s["run"]["output_tail"] if line.startswith("grandchild ")]
+    assert started, s["run"]
+    grandchild = int(started[0].split()[1])
     assert grandchild not in before
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 

@@ -121,6 +121,10 @@ def _audit_in(req: dict, target: dict, workdir: str) -> dict:
     warm.start()
     result = run_child(spec_path, result_path, spec["timeout"], env=env)
     warm.join()
+    if not os.environ.get("HAL_DEBUG"):  # keep --out to the report's files (HAL_DEBUG=1 keeps these)
+        for path in (spec_path, result_path):
+            if os.path.exists(path):
+                os.remove(path)
     run = result["run"]
     run.setdefault("mode", mode)
     run["device"] = run_device
