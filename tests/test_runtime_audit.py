@@ -73,6 +73,22 @@ def test_cuda_only_training_script_runs_redirected_with_findings(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cuda_habits_dataloader_properties_nvtx_and_autocast_decorator_run_redirected():
+    s = audit("cuda_extras.py")
+    assert s["run"]["status"] == "ok", s["run"]
+    assert s["run"]["steps"] == 12 and s["run"]["output_tail"][-1] == "extras done 0"
+    found = {(f["rule"], f["line"]): f for f in s["findings"]}
+    src = (FIX / "cuda_extras.py").read_text().splitlines()
+    line = {key: i + 1 for i, text in enumerate(src) for key in
+            ("get_device_properties", "range_push", ".to(0", '@torch.autocast("cuda"', '.to("cuda")') if key in text}
+    assert found[("runtime-redirect-cuda-api", line["get_device_properties"])]["count"] == 1
+    assert found[("runtime-redirect-cuda-api", line["range_push"])]["count"] == 12
+    assert found[("runtime-redirect-cuda-device", line[".to(0"])]["count"] == 24  # .to(0) and .cuda(), 12 steps
+    assert ("runtime-redirect-cuda-device", line['.to("cuda")']) in found
+    assert ("runtime-redirect-autocast", line['@torch.autocast("cuda"']) in found
+    assert "bfloat16" in _by_op(s)["aten::addmm"][0]["dtypes"]
+
+
 def test_nccl_init_is_redirected_to_gloo(tmp_path, monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

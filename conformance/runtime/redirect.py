@@ -86,6 +86,12 @@ def user_frame() -> tuple[str, int]:
     return fallback
 
 
+def _device_properties() -> Any:
+    import types
+    return types.SimpleNamespace(name="audit-redirect (no CUDA device)", total_memory=0, major=8, minor=0,
+                                 multi_processor_count=1, is_integrated=False, uuid="")
+
+
 def _is_cuda(dev: Any) -> bool:
     if isinstance(dev, torch.device):
         return dev.type == "cuda"
@@ -212,6 +218,17 @@ class DeviceRedirect(TorchFunctionMode):
                              ("init", None), ("ipc_collect", None), ("get_device_capability", (8, 0)),
                              ("current_stream", _Stream), ("default_stream", _Stream)]:
             self._patch(cuda, name, self._api(name, result))
+        for name, result in [("get_device_properties", _device_properties), ("mem_get_info", lambda: (0, 0)),
+                             ("get_rng_state", lambda: torch.get_rng_state()), ("set_rng_state", None),
+                             ("get_rng_state_all", lambda: [torch.get_rng_state()]), ("set_rng_state_all", None),
+                             ("is_initialized", True), ("memory_stats", dict), ("memory_summary", "")]:
+            self._patch(cuda, name, self._api(name, result))
+        nvtx = getattr(cuda, "nvtx", None)
+        if nvtx is not None:
+            for name, result in [("range_push", 0), ("range_pop", 0), ("mark", None),
+                                 ("range", contextlib.nullcontext)]:
+                self._patch(nvtx, name, self._api(f"nvtx.{name}", result))
+        self._install_pin_memory()
         self._patch(cuda, "manual_seed", self._seed("manual_seed"))
         self._patch(cuda, "manual_seed_all", self._seed("manual_seed_all"))
         self._patch(cuda, "Stream", self._stand_in_class("Stream"))
@@ -222,6 +239,20 @@ class DeviceRedirect(TorchFunctionMode):
         self._install_amp()
         self._install_distributed()
         self.__enter__()
+
+    def _install_pin_memory(self) -> None:
+        """DataLoader pins in its own thread (where the TorchFunctionMode is not active)."""
+        try:
+            from torch.utils.data._utils import pin_memory as pm
+        except ImportError:
+            return
+        redirect = self
+
+        def pin_memory(data: Any, device: Any = None) -> Any:
+            redirect.record("runtime-redirect-pin-memory")
+            return data
+
+        self._patch(pm, "pin_memory", pin_memory)
 
     def _seed(self, what: str) -> Callable[..., Any]:
         def seed(value: int) -> None:
