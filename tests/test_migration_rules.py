@@ -157,3 +157,57 @@ def test_non_ascii_columns():
     src = "import torch\nnom = 'é'; x = torch.ones(1, device='cuda')\n"
     (f,) = scan_source(src, "x.py", load_rules("mlu")).findings
     assert (f.line, f.column) == (2, src.splitlines()[1].index("'cuda'") + 1)
+
+
+# ---- properties -----------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FRAG = st.sampled_from(["cuda", "nccl", "CUDA", "gpu", "x", "use", "is", "num", "graph", "_", "2"])
+_IDENT = st.lists(_FRAG, min_size=1, max_size=4).map("_".join).map(lambda s: "v_" + s).filter(str.isidentifier)
+_TEXT = st.lists(st.sampled_from(["cuda", "cuda:0", "nccl", "torch.cuda.synchronize()", ".cuda()", "CUDA_VISIBLE_DEVICES",
+                                  "float64", " ", "x"]), max_size=5).map("".join)
+
+
+@st.composite
+def lookalike_program(draw):
+    lines = ["import torch", "import os", f'"""{draw(_TEXT)}"""']
+    for _ in range(draw(st.integers(1, 8))):
+        name, other, text = draw(_IDENT), draw(_IDENT), draw(_TEXT)
+        lines.append(draw(st.sampled_from([
+            f"{name} = {text!r}  # {text}",
+            f"def {name}({other}):\n    return {other}.{name}",
+            f"print({text!r}, {name!r})",
+            f"{name} = {{{text!r}: {other!r}}}",
+            f"# torch.cuda.{name}() {text}",
+            f"class {name}:\n    {other} = {text!r}",
+            f"{name} = os.environ.get('HOME', {text!r})",
+        ])))
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(lookalike_program())
+def test_property_lookalikes_never_flagged(src):
+    sc = scan_source(src, "p.py", load_rules("mlu"))
+    assert sc.findings == [], src
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["torch.device({s})", "x.to({s})", "torch.ones(1, device={s})",
+                                           "torch.autocast(device_type={s})"]),
+                          st.one_of(st.just("cuda"), st.integers(0, 15).map(lambda n: f"cuda:{n}")),
+                          st.sampled_from(["'", '"'])), min_size=1, max_size=6))
+def test_property_device_strings_fixed_exactly(stmts):
+    from hal.conformance.migration.patch import patched_source
+    src = "import torch\nx = torch.ones(1)\n" + "".join(t.format(s=f"{q}{d}{q}") + "\n" for t, d, q in stmts)
+    rules = load_rules("mlu")
+    sc = scan_source(src, "p.py", rules)
+    assert [f.rule for f in sc.findings] == ["device-string"] * len(stmts)
+    for flavour in ("device", "hal"):
+        out = patched_source(sc, src, flavour, rules.import_module)
+        assert scan_source(out, "p.py", rules).findings == []
+        compile(out, "p.py", "exec")
+    out = patched_source(sc, src, "device", rules.import_module)
+    assert [ln for ln in out.splitlines()[3:]] == [
+        t.format(s=f"{q}{d.replace('cuda', 'mlu')}{q}") for t, d, q in stmts]
