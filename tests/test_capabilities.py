@@ -266,3 +266,10 @@ def test_torch_ops_generator_parses_autogen(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [x for x in out.read_text().splitlines() if not x.startswith("#")]
     assert lines == ["aten::bar.Scalar", "aten::foo", "aten::foo.out", "aten::foo_.x"]
+
+
+def test_backend_without_manifest_is_unknown_not_an_error():
+    st = op_status("no_such_backend", "aten::mm")
+    assert st.status == "unknown" and "no capability manifest" in st.reason
+    with pytest.raises(FileNotFoundError):
+        load_manifest("no_such_backend")

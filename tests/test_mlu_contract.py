@@ -292,12 +292,17 @@ def test_contract_register_ops_uses_manifest(backend):
     reg = OpRegistry()
     for name, (aten, reaches, fn) in torch_impl.OPS.items():
         reg.define(name, aten, fn, reaches=reaches)
+    # an op whose only reached ATen op has no MLU kernel (torch_mlu would fall back to the CPU)
+    reg.define("nanmedian", "aten::nanmedian.dim", lambda x, d: torch.nanmedian(x, d),
+               reaches=("aten::nanmedian.dim_values",))
     backend.register_ops(reg)
     softmax = reg.resolve("softmax", "mlu", "float32")
     assert softmax.ok and reg.resolve("softmax", "mlu", "bfloat16").ok  # current device arch 5.0
     assert not reg.resolve("softmax", "mlu", "float64").ok  # computed as float32, not natively
-    # sdpa reaches aten::_scaled_dot_product_flash_attention_for_cpu: no MLU kernel -> not registered
-    assert not reg.resolve("scaled_dot_product_attention", "mlu", "float32").ok
+    # torch_mlu registers scaled_dot_product_attention itself (its CPU reach does not matter)
+    assert reg.resolve("scaled_dot_product_attention", "mlu", "float16").ok
+    res = reg.resolve("nanmedian", "mlu", "float32")
+    assert not res.ok and "no implementation registered for mlu" in res.rejected[0]
 
 
 def test_stand_in_does_not_leak():

@@ -189,17 +189,20 @@ class MluBackend(Backend):
 
 
 def native_dtypes_for_hal_ops(registry: Any, arch_major: Optional[int]) -> dict[str, set[str]]:
-    """``{hal op: dtypes computed natively on the MLU}`` (empty when any reached op is not native),
-    computed with :func:`hal.capabilities.op_status` over each op's ``reaches``."""
+    """``{hal op: dtypes computed natively on the MLU}``, from :func:`hal.capabilities.op_status`.
+
+    A dtype counts when the op's own ATen overload (``OpDef.aten``) has an MLU kernel, or else when
+    every ATen op it ``reaches`` has one; an empty set means "not native" (hal.ops falls back).
+    float64/complex128 are never native (torch_mlu computes them 32-bit)."""
     from hal.capabilities import op_status
     candidates = _BASE_DTYPES + ("bfloat16", "float8_e4m3fn", "float8_e5m2")
     out: dict[str, set[str]] = {}
     for name in registry.names():
-        reaches = registry.get(name).reaches
+        opdef = registry.get(name)
         allowed: set[str] = set()
         for dt in candidates:
-            sts = [op_status("mlu", op, (dt,), arch_major) for op in reaches]
-            if all(s.status == "native" for s in sts):
+            if op_status("mlu", opdef.aten, (dt,), arch_major).status == "native" or \
+                    all(op_status("mlu", op, (dt,), arch_major).status == "native" for op in opdef.reaches):
                 allowed.add(dt)
         out[name] = allowed
     return out

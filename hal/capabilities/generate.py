@@ -216,7 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.what == "optable":
             from hal.capabilities import optable, trace
-            data = optable.build(trace.trace_composites(args.samples), _command(argv))
+            traced, redispatched = trace.trace_composites(args.samples)
+            data = optable.build(traced, _command(argv), redispatched)
         elif args.what == "torch-ops":
             from hal.capabilities import versions
             y = pathlib.Path(args.yaml)

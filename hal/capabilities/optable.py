@@ -6,7 +6,8 @@ optable``) and committed as ``hal/capabilities/data/aten_ops.json``.
 Entry fields (short keys keep the file small): ``k`` kind on a device key without a kernel of its
 own (``cia`` CompositeImplicitAutograd, ``cea`` CompositeExplicitAutograd[NonFunctional], ``-``
 none); ``cpu`` the CPU's kind (``kernel``/``cia``/``cea``/``-``); ``c`` the direct ATen callees of
-the composite; ``t`` how ``c`` was found (``traced``, ``delegate``, ``untraced``). Loading is
+the composite; ``t`` how ``c`` was found (``traced`` on the CPU, ``redispatch`` of the composite itself,
+``delegate`` from torchgen's structured_delegate, ``untraced``). Loading is
 cached and thread-safe (read-only after load).
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ DATA = pathlib.Path(__file__).parent / "data" / "aten_ops.json"
 SCHEMA = "hal-aten-ops/1"
 
 
-def build(traced: dict[str, set[str]], generated_by: str) -> dict:
+def build(traced: dict[str, set[str]], generated_by: str,
+          redispatched: Optional[dict[str, set[str]]] = None) -> dict:
     """Build the table from the live dispatcher and ``traced`` edges (see :mod:`hal.capabilities.trace`)."""
     import torch
 
@@ -39,6 +41,9 @@ def build(traced: dict[str, set[str]], generated_by: str) -> dict:
                 # sparse/quantized dispatch of the same op and are dropped
                 entry["c"] = sorted(c for c in traced[op] if c != op and kinds.get(c, ("-", "-")) != ("-", "-"))
                 entry["t"] = "traced"
+            elif cpu == "kernel" and (redispatched or {}).get(op):
+                entry["c"] = sorted(c for c in redispatched[op] if kinds.get(c, ("-", "-")) != ("-", "-"))
+                entry["t"] = "redispatch"
             elif op in delegates:
                 entry["c"], entry["t"] = [delegates[op]], "delegate"
             else:

@@ -15,12 +15,13 @@ Rule, in order (docs/capabilities.md explains it):
 Dtype rules then apply: a dtype the backend computes narrower adds a note (float64 -> float32 on
 MLU, silently); a dtype the backend cannot hold (quantized on MLU, bfloat16 below architecture 5)
 makes it ``unsupported``. Every MLU verdict is ``predicted`` (from a manifest, never measured).
-Pure functions over cached, read-only data: thread-safe.
+Pure functions over cached data; resolution is serialised by a lock: thread-safe.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Iterable, Optional, Sequence, Union
 
 from hal.capabilities import optable, versions
@@ -159,7 +160,7 @@ class _Resolver:
             worst = max(sub.values(), key=lambda v: _RANK[v.status] if v.status != "unknown" else -1)
             if worst.status in ("native", "composite"):
                 leaves = tuple(sorted({x for v in sub.values() for x in v.via}))
-                return _Verdict("composite", f"{op} is {kind}; every op it calls has a {dev} kernel", leaves)
+                return _Verdict("composite", f"{op} is {kind}; every op it reaches runs natively on {dev}", leaves)
             bad = [c for c, v in sub.items() if v.status == worst.status]
             deep = tuple(sorted({x for c in bad for x in sub[c].via}))
             first = bad[0]
@@ -179,9 +180,12 @@ class _Resolver:
 
 
 @functools.lru_cache(maxsize=16)
-def _resolver(backend: str, fallback: bool, path: Optional[str]) -> _Resolver:
+def _resolver(backend: str, fallback: Optional[bool], path: Optional[str]) -> _Resolver:
     man = load_manifest(backend, path) if path else load_manifest(backend)
     return _Resolver(man, _fallback_enabled(man, fallback))
+
+
+_lock = threading.Lock()
 
 
 def _arch_major(arch: Arch) -> Optional[int]:
@@ -240,11 +244,17 @@ def op_status(backend: str, op: str, dtypes: Sequence[str] = (), arch: Arch = No
 
     ``arch``: the device's architecture (``(major, minor)`` or major) for dtype gates, None when
     unknown. ``fallback_to_cpu``: override the backend's default fallback policy (MLU:
-    ``ENABLE_FALLBACK_TO_CPU``). Raises FileNotFoundError when the backend has no manifest and
-    ValueError for an empty op name."""
+    ``ENABLE_FALLBACK_TO_CPU``). A backend without a manifest gives ``unknown`` with the reason
+    (e.g. the CUDA manifest before it is generated on a CUDA build). Raises ValueError for an empty
+    op name."""
     name = normalize_op(op)
-    res = _resolver(backend, fallback_to_cpu, manifest_path)
-    v = res.resolve(name)
+    try:
+        with _lock:
+            res = _resolver(backend, fallback_to_cpu, manifest_path)
+            v = res.resolve(name)
+    except FileNotFoundError as exc:
+        return OpStatus(name, backend, "unknown", f"{exc}; generate it with python -m hal.capabilities.generate "
+                                                  f"{backend}", (name,), predicted=True)
     notes, blocker = _dtype_rules(res.man, dtypes, arch)
     status, reason = v.status, v.reason
     if blocker and status in ("native", "composite", "fallback"):

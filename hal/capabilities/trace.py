@@ -6,9 +6,11 @@ for every dispatcher call, composites included, so the event tree gives, for eac
 overloads it called directly. An op's children are kept only where the kernel that ran on the CPU is
 the same composite kernel a PrivateUse1 device (the MLU) gets, i.e. where the CPU dispatch-table
 entry is the CompositeImplicitAutograd ("math") or CompositeExplicitAutograd ("default backend")
-kernel. Structured functional/in-place variants whose PrivateUse1 kernel is the generated
-CompositeExplicitAutogradNonFunctional wrapper call their ``structured_delegate`` (from the
-``native_functions.yaml`` packaged with torchgen).
+kernel. Where the CPU has a kernel of its own but a PrivateUse1 device gets a composite, the op's
+arguments are captured (TorchDispatchMode) and the composite itself is run with
+``OpOverload.redispatch(DispatchKeySet(PrivateUse1), ...)`` on those CPU tensors under the profiler;
+failing that, structured functional/in-place variants call their ``structured_delegate`` (from
+the ``native_functions.yaml`` packaged with torchgen).
 
 This needs ``torch.testing._internal`` (and the ``expecttest`` package); it runs in the generator,
 never at query time. Not thread-safe (it uses the profiler).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import pathlib
@@ -25,6 +28,9 @@ import warnings
 from typing import Callable, Iterable, Optional
 
 import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from hal.capabilities.names import normalize_op
 
@@ -77,12 +83,36 @@ def structured_delegates() -> dict[str, str]:
     return out
 
 
-def _event_name(ev) -> Optional[str]:
-    name = getattr(ev, "name", "")
+def _aten_name(name: str, overload: str) -> Optional[str]:
     if not name.startswith("aten::"):
         return None
-    overload = getattr(ev, "overload_name", "") or ""
     return normalize_op(name + ("." + overload if overload else ""))
+
+
+def _call_tree(prof) -> list[tuple[str, Optional[str]]]:
+    """``[(name, parent name)]`` for every CPU op event, nested by time interval per thread.
+
+    Built from the raw Kineto events rather than ``prof.function_events``, whose tree building
+    drops a child that has its parent's name (``sum`` -> ``sum.dim_IntList`` would vanish)."""
+    events = []
+    for ev in prof.kineto_results.events():
+        if ev.device_type() != torch.autograd.DeviceType.CPU:
+            continue
+        name = ev.name()
+        overload = ev.overload_name() if hasattr(ev, "overload_name") else ""
+        start = ev.start_ns()
+        events.append((ev.start_thread_id(), start, -(start + ev.duration_ns()),
+                       _aten_name(name, overload) or name))
+    events.sort()
+    out: list[tuple[str, Optional[str]]] = []
+    stack: list[tuple[int, int, str]] = []  # (thread, end, name)
+    for thread, start, neg_end, name in events:
+        end = -neg_end
+        while stack and (stack[-1][0] != thread or stack[-1][1] < end or stack[-1][1] <= start):
+            stack.pop()
+        out.append((name, stack[-1][2] if stack else None))
+        stack.append((thread, end, name))
+    return out
 
 
 @contextlib.contextmanager
@@ -98,10 +128,61 @@ def _profile():
         yield prof
 
 
-def trace_calls(calls: Iterable[Callable[[], object]]) -> dict[str, set[str]]:
-    """Run each zero-argument callable under the profiler; ``{parent: {direct ATen children}}``."""
+class _CaptureArgs(TorchDispatchMode):
+    """Keeps the first call of each op whose PrivateUse1 kernel is a composite while the CPU runs a
+    kernel of its own (the CPU trace cannot show that composite's callees)."""
+
+    def __init__(self, store: dict):
+        super().__init__()
+        self.store = store
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = normalize_op(str(func))
+        if name.startswith("aten::") and name not in self.store and _cpu_hides_composite(name):
+            clone = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            self.store[name] = (func, tree_map(clone, args), tree_map(clone, kwargs))
+        return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_hides_composite(op: str) -> bool:
+    return kernel_kind(op, "PrivateUse1") in ("cia", "cea") and kernel_kind(op, "CPU") == "kernel"
+
+
+def trace_redispatched(captured: dict) -> dict[str, set[str]]:
+    """Run each captured op's PrivateUse1 kernel (the composite) on its CPU arguments with
+    ``OpOverload.redispatch`` under the profiler; ``{op: {direct ATen callees}}``."""
+    from torch._C import DispatchKey, DispatchKeySet
+    keys = DispatchKeySet(DispatchKey.PrivateUse1)
+    edges: dict[str, set[str]] = {}
+    for name, (func, args, kwargs) in sorted(captured.items()):
+        marker = "hal_capabilities::redispatch"
+        try:
+            with _profile() as prof, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with torch.profiler.record_function(marker):
+                    func.redispatch(keys, *args, **kwargs)
+        except Exception as exc:
+            LOG.debug("redispatch of %s failed: %s", name, exc)
+            continue
+        edges[name] = {c for c, parent in _call_tree(prof)
+                       if parent == marker and c.startswith("aten::") and c != name}
+    return edges
+
+
+def trace_calls(calls: Iterable[Callable[[], object]], captured: Optional[dict] = None) -> dict[str, set[str]]:
+    """Run each zero-argument callable under the profiler; ``{parent: {direct ATen children}}``.
+    With ``captured``, each call runs a second time under :class:`_CaptureArgs` filling it."""
     edges: dict[str, set[str]] = collections.defaultdict(set)
     for call in calls:
+        if captured is not None:
+            try:
+                with _CaptureArgs(captured), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    call()
+            except Exception as exc:
+                LOG.debug("capture call failed: %s", exc)
         try:
             with _profile() as prof, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -109,12 +190,12 @@ def trace_calls(calls: Iterable[Callable[[], object]]) -> dict[str, set[str]]:
         except Exception as exc:  # an OpInfo sample may legitimately raise (error inputs)
             LOG.debug("trace call failed: %s", exc)
             continue
-        for ev in prof.function_events:
-            child = _event_name(ev)
-            parent = _event_name(ev.cpu_parent) if ev.cpu_parent is not None else None
-            if child and parent and child != parent:
+        for child, parent in _call_tree(prof):
+            if not child.startswith("aten::"):
+                continue
+            if parent and parent.startswith("aten::") and child != parent:
                 edges[parent].add(child)
-            elif child and parent is None:
+            else:
                 edges.setdefault(child, set())
     return edges
 
@@ -192,7 +273,11 @@ def _extra_calls() -> Iterable[Callable[[], object]]:
     yield lambda: F.embedding(torch.tensor([[1, 2]]), torch.randn(5, 3, requires_grad=True)).sum().backward()
 
 
-def trace_composites(samples_per_op: int = 3) -> dict[str, set[str]]:
-    """Direct ATen children of every op traced over PyTorch's OpInfo database and training calls."""
+def trace_composites(samples_per_op: int = 3) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """``(traced, redispatched)``: direct ATen children of every op traced over PyTorch's OpInfo
+    database and training calls, and the callees of the composites the CPU hides (see
+    :func:`trace_redispatched`)."""
     torch.manual_seed(0)
-    return trace_calls(itertools.chain(_opinfo_calls(samples_per_op), _extra_calls()))
+    captured: dict = {}
+    traced = trace_calls(itertools.chain(_opinfo_calls(samples_per_op), _extra_calls()), captured)
+    return traced, trace_redispatched(captured)

@@ -2,7 +2,7 @@
 
 Op lists are derived from the ``native_functions.yaml`` that every torch wheel ships under
 ``torchgen/packaged/ATen/native/`` (every ``- func:`` plus its ``autogen:`` out variants) and
-committed as ``hal/capabilities/data/torch-<version>-ops.txt``: one normalised overload per line,
+committed as ``hal/capabilities/data/torch-<version>-ops.tsv``: one normalised overload per line,
 ``#`` comment lines giving the source. Built with::
 
     python -m hal.capabilities.generate torch-ops --yaml PATH/native_functions.yaml --version 2.4.0
@@ -38,11 +38,11 @@ def ops_from_yaml(text: str) -> set[str]:
 
 
 def path_for(version: str) -> pathlib.Path:
-    return DATA / f"torch-{version}-ops.txt"
+    return DATA / f"torch-{version}-ops.tsv"
 
 
 def available_versions() -> list[str]:
-    return sorted(p.name[len("torch-"):-len("-ops.txt")] for p in DATA.glob("torch-*-ops.txt"))
+    return sorted(p.name[len("torch-"):-len("-ops.tsv")] for p in DATA.glob("torch-*-ops.tsv"))
 
 
 def version_for_pairing(pairing: str) -> Optional[str]:

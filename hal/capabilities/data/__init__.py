@@ -1,0 +1,1 @@
+"""Generated data of hal.capabilities (shipped as package data; see docs/capabilities.md)."""
