@@ -121,4 +121,4 @@ class CnnWorkload(Workload):
     def estimates(self, batch_size: Optional[int] = None, seq_len: Optional[int] = None,
                   mode: str = "train") -> dict:
         from hal.models.estimate import cnn_estimates
-        return cnn_estimates(self.config, self.dtype, batch_size or self.config.batch_size, mode)
+        return cnn_estimates(self.config, self.dtype, batch_size or self.config.batch_size, mode, foreach=self.optimizer_foreach())

@@ -51,6 +51,13 @@ def model_states_lower_bound(params: int, grads: int, optimizer_state: int) -> d
             "total_bytes": params + grads + optimizer_state, "lower_bound": True}
 
 
+def optimizer_transient(params: int, largest: int, bytes_per: int, foreach: bool) -> int:
+    """Temporary bytes of one optimizer step: the multi-tensor (``foreach``) AdamW/SGD
+    implementations make one parameter-sized list of temporaries (AdamW's sqrt of the second
+    moment, SGD's weight-decayed gradients); the per-parameter loop two of the largest parameter."""
+    return params * bytes_per if foreach else 2 * largest * bytes_per
+
+
 # ---- gpt ---------------------------------------------------------------------------------------------
 def gpt_parameters(cfg: Any) -> int:
     h, f, L, V = cfg.n_embd, cfg.ffn_dim, cfg.n_layer, cfg.vocab_size
@@ -93,7 +100,8 @@ def gpt_activation_bytes(cfg: Any, dtype: torch.dtype, batch: int, seq: int) -> 
     return {"layers": L * per_layer, "embedding_and_final_norm": final, "log_probs": logprobs}
 
 
-def gpt_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str = "train") -> dict:
+def gpt_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str = "train",
+                  foreach: bool = True) -> dict:
     """Estimates for one training step (``mode="train"``) or one generation (``"infer"``)."""
     e = _bytes(dtype)
     P = gpt_parameters(cfg)
@@ -112,7 +120,7 @@ def gpt_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str 
     logprobs = acts["log_probs"]
     mem = training_memory(params=P * e, grads=P * e, optimizer_state=2 * P * e,
                           activations=sum(acts.values()), loss_transient=2 * logprobs,
-                          optimizer_transient=P * e,
+                          optimizer_transient=optimizer_transient(P, cfg.vocab_size * cfg.n_embd, e, foreach),
                           extra={"activations_detail": acts},
                           exact=cfg.norm == "layernorm" and cfg.mlp == "gelu" and cfg.pos == "learned")
     return {"parameters": P, "flops_per_step": 3 * gpt_forward_flops(cfg, batch, seq), "memory": mem,
@@ -148,10 +156,12 @@ def _meta_trace(model_factory: Any, example: torch.Tensor) -> tuple[int, dict]:
     return int(fc.get_total_flops()), counts
 
 
-def cnn_estimates(cfg: Any, dtype: torch.dtype, batch: int, mode: str = "train") -> dict:
+def cnn_estimates(cfg: Any, dtype: torch.dtype, batch: int, mode: str = "train", foreach: bool = True) -> dict:
     """ResNet estimates. Activations: the input, every conv output (kept by its BatchNorm), every
     ReLU output (kept by ReLU and the next conv: one per stem, two per block) and max-pool output
-    plus its int64 indices. Backward transient: two tensors of the largest conv output."""
+    plus its int64 indices. Transient (backward, and inference): four tensors of the largest conv
+    output (gradient in and out, and the convolution's own scratch/re-layout buffers, as the CPU
+    allocator trace shows for the oneDNN convolution)."""
     from hal.models.cnn import ResNet
     e = _bytes(dtype)
     x = torch.empty(batch, cfg.channels, cfg.image_size, cfg.image_size)
@@ -162,13 +172,14 @@ def cnn_estimates(cfg: Any, dtype: torch.dtype, batch: int, mode: str = "train")
     buffers = sum(b.numel() * b.element_size() for b in m.buffers()) * e // 4
     if mode == "infer":
         largest = max(counts["conv"]) * e
-        mem = {"parameters": P * e, "buffers": buffers, "input": x.numel() * e, "transient": 2 * largest,
-               "total_bytes": P * e + buffers + x.numel() * e + 2 * largest, "lower_bound": False}
+        mem = {"parameters": P * e, "buffers": buffers, "input": x.numel() * e, "transient": 4 * largest,
+               "total_bytes": P * e + buffers + x.numel() * e + 4 * largest, "lower_bound": False}
         return {"parameters": P, "flops_per_step": fwd, "memory": mem, "mode": mode}
     relu = counts["relu"] + [2 * n for n in counts.get("block", [])]
     acts = (x.numel() + sum(counts["conv"]) + sum(relu) + sum(counts["pool"])) * e + sum(counts["pool"]) * 8
     mem = training_memory(params=P * e, grads=P * e, optimizer_state=P * e, activations=acts,
-                          loss_transient=2 * max(counts["conv"]) * e, optimizer_transient=P * e,
+                          loss_transient=4 * max(counts["conv"]) * e,
+                          optimizer_transient=optimizer_transient(P, max(p.numel() for p in m.parameters()), e, foreach),
                           extra={"buffers": buffers}, exact=False)
     mem["total_bytes"] += buffers
     return {"parameters": P, "flops_per_step": 3 * fwd, "memory": mem, "mode": mode}
@@ -183,7 +194,8 @@ def moe_parameters(cfg: Any) -> int:
     return gpt_parameters(cfg) - L * dense_mlp + L * moe
 
 
-def moe_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str = "train") -> dict:
+def moe_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str = "train",
+                  foreach: bool = True) -> dict:
     """Single-process MoE estimates (every expert local). Per layer activations, in b x s x h units:
     attention half of the gpt block 8, plus per routed copy (k per token) the gathered row, the
     expert hidden and its GELU (2 x f/h), the expert output, and the weighted output; router
@@ -206,5 +218,6 @@ def moe_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str 
     acts = {"layers": L * per_layer, "embedding_and_final_norm": 2 * bsh * e, "log_probs": tokens * V * e}
     mem = training_memory(params=P * e, grads=P * e, optimizer_state=2 * P * e,
                           activations=sum(acts.values()), loss_transient=2 * tokens * V * e,
-                          optimizer_transient=P * e, extra={"activations_detail": acts}, exact=False)
+                          optimizer_transient=optimizer_transient(P, cfg.vocab_size * h, e, foreach),
+                          extra={"activations_detail": acts}, exact=False)
     return {"parameters": P, "flops_per_step": 3 * fwd, "memory": mem, "mode": mode}

@@ -342,4 +342,4 @@ class GptWorkload(Workload):
                   mode: str = "train") -> dict:
         from hal.models.estimate import gpt_estimates
         return gpt_estimates(self.config, self.dtype, batch_size or self.config.batch_size,
-                             seq_len or self.config.seq_len, mode)
+                             seq_len or self.config.seq_len, mode, foreach=self.optimizer_foreach())

@@ -180,4 +180,4 @@ class MoeWorkload(GptWorkload):
                   mode: str = "train") -> dict:
         from hal.models.estimate import moe_estimates
         return moe_estimates(self.config, self.dtype, batch_size or self.config.batch_size,
-                             seq_len or self.config.seq_len, mode)
+                             seq_len or self.config.seq_len, mode, foreach=self.optimizer_foreach())

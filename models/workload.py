@@ -166,7 +166,10 @@ class Workload(abc.ABC):
 
     # ---- provided -----------------------------------------------------------------------------
     def build(self, device: Any = None, dtype: "torch.dtype | str" = torch.float32, seed: int = 0) -> "Workload":
-        """Create ``model`` and ``optimizer`` on ``device`` in ``dtype`` from ``seed``; returns self."""
+        """Create ``model`` and ``optimizer`` on ``device`` in ``dtype`` from ``seed``; returns self.
+
+        Reseeds torch's global host RNG (and the device's) with ``seed``, so dropout is reproducible.
+        Raises ValueError for an unknown device or dtype."""
         self.device, self.backend, self.backend_reason = resolve_device(device)
         self.dtype = parse_dtype(dtype)
         self.seed = int(seed)
@@ -219,6 +222,18 @@ class Workload(abc.ABC):
 
     def synchronize(self) -> None:
         synchronize(self.device, self.backend)
+
+    def optimizer_foreach(self) -> bool:
+        """Whether torch's optimizer will use its multi-tensor (foreach) path on this device
+        (torch's own default rule; affects the optimizer's temporary memory)."""
+        if self.model is None or self.device is None:
+            return False
+        try:
+            from torch.optim.optimizer import _default_to_fused_or_foreach
+            params = [p for p in self.model.parameters()]
+            return bool(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1])
+        except Exception:  # private API moved: torch uses foreach on accelerators, not on the CPU
+            return self.device.type != "cpu"
 
     def parameter_count(self) -> int:
         self._require_built()

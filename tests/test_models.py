@@ -188,6 +188,15 @@ def test_gpt_training_memory_estimate_within_10_percent_of_cpu_allocator(over):
     assert abs(err) < 0.10, (est, measured)
 
 
+def test_cnn_training_memory_estimate_within_10_percent_of_cpu_allocator():
+    w = _built("cnn", batch_size=16, image_size=32)
+    batch = w.example_batch()
+    w.train_step(batch)
+    measured = measure_peak(lambda: w.train_step(batch), w.device, w.backend, [w.model, w.optimizer, batch])
+    err = (w.estimates()["memory"]["total_bytes"] - measured["peak_bytes"]) / measured["peak_bytes"]
+    assert abs(err) < 0.10, err
+
+
 def test_measure_peak_sees_a_known_allocation():
     def fn():
         a = torch.empty(1 << 20, dtype=torch.float32)  # 4 MiB
