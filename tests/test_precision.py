@@ -199,3 +199,31 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
                         "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_device_attention_kernels_have_a_float64_cpu_shadow():
+    """CUDA-only SDPA kernels (flash/efficient) are shadowed by float64 math attention on the CPU;
+    checked here against CPU attention with the same argument layout (no GPU needed)."""
+    from hal.conformance.precision.shadow import UpcastCache, _attention64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 4, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    got = _attention64("_scaled_dot_product_flash_attention", (q, k, v, 0.0, True), {}, UpcastCache())
+    torch.testing.assert_close(got, want)
+    got = _attention64("_scaled_dot_product_efficient_attention", (q, k, v, None, False, 0.0, True), {},
+                       UpcastCache())
+    torch.testing.assert_close(got, want)
+    assert got.dtype == torch.float64
+
+
+def test_calibration_on_real_rows_grades_bfloat16_against_float32():
+    """Calibrated verdicts on real comparisons: a bfloat16-autocast run graded against a float32
+    run of the same model (standing in for a second device) is worse by more than msprobe's
+    ratios, but within its own bfloat16 thresholds -> warnings, no errors."""
+    x = _inputs(1.0)
+    tgt = compare_module(lambda: Net(naive=False), x, autocast=torch.bfloat16)
+    cal = compare_module(lambda: Net(naive=False), x)
+    c = calibrate(tgt.metrics, cal.metrics, "cpu-float32")
+    assert c["counts"]["warning"] > 0 and c["counts"]["error"] == 0
+    mm = [o for o in c["ops"] if o["op"] == "addmm"]
+    assert mm and all(o["ratios"]["rms_rel"] > 2 for o in mm)

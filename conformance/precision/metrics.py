@@ -67,8 +67,8 @@ def error_stats(target: torch.Tensor, ref: torch.Tensor, *, target_dtype: torch.
     """
     from .thresholds import MISMATCH_FRACTION
 
-    t = target.detach().reshape(-1).to(torch.float64)
-    r = ref.detach().reshape(-1).to(torch.float64)
+    t = target.detach().reshape(-1).to("cpu", torch.float64)
+    r = ref.detach().reshape(-1).to("cpu", torch.float64)
     n = t.numel()
     if n == 0:
         return {"n": 0, "max_abs": 0.0, "max_rel": 0.0, "mean_rel": 0.0, "rms_rel": 0.0,

@@ -107,6 +107,26 @@ class UnshadowedError(RuntimeError):
     """The op's output is too large to shadow in full and no sampled variant exists."""
 
 
+_DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention"}
+
+
+def _attention64(name, args, kwargs, cache) -> torch.Tensor:
+    """float64 CPU attention for a device-only SDPA kernel (output 0), math path."""
+    import torch.nn.functional as F
+
+    q, k, v = (cache.get(t) for t in args[:3])
+    mask, causal = None, False
+    if name == "_scaled_dot_product_flash_attention":
+        causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
+    else:  # efficient / cudnn: (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...)
+        bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
+        mask = cache.get(bias) if isinstance(bias, torch.Tensor) else None
+        causal = bool(args[6]) if len(args) > 6 else bool(kwargs.get("is_causal", False))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          scale=kwargs.get("scale"))
+
+
 class Shadow:
     """Runs float64 CPU shadows of aten ops; returns (target values, shadow values, sampled)."""
 
@@ -124,6 +144,10 @@ class Shadow:
         the op raises in float64 (the caller records it as an unshadowed op).
         """
         name = func.overloadpacket.__name__
+        if name in _DEVICE_ATTENTION:
+            if out_index != 0:
+                raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
+            return out, _attention64(name, args, kwargs, self.cache), "full"
         big = self.sample and out.numel() > self.max_elements
         if big and out_index == 0:
             fast = self._sampled(func, name, args, kwargs, out)

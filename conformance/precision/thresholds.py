@@ -56,7 +56,8 @@ REDUCTION_OPS = {
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_cudnn_attention", "cumsum", "logsumexp", "nll_loss_forward",
+    "_scaled_dot_product_cudnn_attention", "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward", "cumsum", "logsumexp", "nll_loss_forward",
     "nll_loss_backward", "nll_loss2d_forward", "mse_loss", "embedding_dense_backward",
 }
 
@@ -92,7 +93,9 @@ def reduction_length(op_name: str, args, out_shape) -> int:
         if op_name.startswith("convolution") or op_name == "_convolution":
             w = ts[1]
             return int(math.prod(w.shape[1:]))
-        if "softmax" in op_name or "layer_norm" in op_name or "attention" in op_name:
+        if "attention" in op_name:  # QK^T over the head dim, then PV over the key length
+            return int(max(ts[0].shape[-1], ts[1].shape[-2]))
+        if "softmax" in op_name or "layer_norm" in op_name:
             return int(ts[0].shape[-1])
         if ts and out_shape is not None:
             n_in, n_out = ts[0].numel(), max(1, math.prod(out_shape))

@@ -39,6 +39,18 @@ _SKIP = {
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
 _META_KEY = "hal_precision_module"
+#: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
+#: the CPU reference; value: (canonical name, how many leading outputs are comparable).
+_CANONICAL = {
+    "_scaled_dot_product_flash_attention_for_cpu": ("scaled_dot_product_attention", 1),
+    "_scaled_dot_product_flash_attention": ("scaled_dot_product_attention", 1),
+    "_scaled_dot_product_efficient_attention": ("scaled_dot_product_attention", 1),
+    "_scaled_dot_product_cudnn_attention": ("scaled_dot_product_attention", 1),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": ("scaled_dot_product_attention_backward", 3),
+    "_scaled_dot_product_flash_attention_backward": ("scaled_dot_product_attention_backward", 3),
+    "_scaled_dot_product_efficient_attention_backward": ("scaled_dot_product_attention_backward", 3),
+    "_scaled_dot_product_cudnn_attention_backward": ("scaled_dot_product_attention_backward", 3),
+}
 
 
 @dataclasses.dataclass
@@ -206,6 +218,9 @@ class StepTracer(TorchDispatchMode):
                     self._producer[id(out)] = (weakref.ref(out), p[1])
             return out
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        if name in _CANONICAL:
+            name, n_out = _CANONICAL[name]
+            outs = outs[:n_out]
         phase, module = self.current_module()
         input_ids = [id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         for i, o in enumerate(outs):
