@@ -197,6 +197,11 @@ def test_reference_models_audit_training_and_inference(name):
     phases = {o["phase"] for o in s["ops"]}
     assert {"forward", "backward", "optimizer", "inference"} <= phases
     assert not any(o["verified"] for o in s["ops"])
+    if name in ("gpt", "moe"):  # attention: the CPU's kernel choice is reported as the portable op
+        assert not any(o["op"].endswith("_for_cpu") for o in s["ops"])
+        sdpa = [o for o in s["ops"] if o["op"] == "aten::scaled_dot_product_attention"]
+        assert {o["phase"] for o in sdpa} == {"forward", "backward", "inference"}
+        assert all(o["captured_as"].startswith("aten::_scaled_dot_product_flash_attention_for_cpu") for o in sdpa)
 
 
 def test_bad_requests_raise_value_error(tmp_path):

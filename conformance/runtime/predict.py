@@ -20,6 +20,14 @@ MLU_64BIT_NOTE = "{dt} is computed as {to} on MLU (torch_mlu casts 64-bit tensor
 _64BIT = {"float64": "float32", "complex128": "complex64"}
 PHASE_ORDER = ("forward", "backward", "optimizer", "inference")
 
+#: Kernels the *host* picked inside a composite that picks per backend: a CPU trace shows the CPU's
+#: choice, the target picks its own. The record names the portable op the program called (what the
+#: capability API decides for the target) and keeps the captured kernel in ``captured_as``.
+HOST_CHOSEN = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "aten::scaled_dot_product_attention",
+}
+
 
 def capability_query() -> tuple[Optional[Callable[..., Any]], str]:
     """``(op_status, "")`` or ``(None, reason)`` when the capability API is not installed."""
@@ -60,6 +68,10 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
     cache: dict[tuple, dict] = {}
     out = []
     for rec in records:
+        captured_as = None
+        if rec["op"] in HOST_CHOSEN and (measured is None or rec.get("device_type") != measured["device_type"]):
+            captured_as = rec["op"]
+            rec = dict(rec, op=HOST_CHOSEN[captured_as])
         key = (rec["op"], tuple(rec["dtypes"]))
         st = cache.get(key)
         if st is None:
@@ -79,6 +91,10 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
                     "bytes_per_step": int(rec["bytes"] / per_step) if fallback else 0,
                     "dtype_notes": dtype_notes(backend, rec["dtypes"], st["dtype_notes"]),
                     "verified": verified, "source": "capture", "via": st["via"], "hints": st["hints"]})
+        if captured_as:
+            out[-1]["captured_as"] = captured_as
+            out[-1]["reason"] = (f"captured as {captured_as} (the CPU's choice inside {rec['op']}); on {backend}: "
+                                 + str(out[-1]["reason"]))
     for fb in hal_fallbacks or []:
         out.append({"op": fb["op"], "count": fb["calls"], "dtypes": fb["dtypes"], "status": "fallback",
                     "reason": f"hal.ops.{fb['hal_op']} ran on the CPU: {fb['reason']}", "phase": "forward",
