@@ -172,6 +172,8 @@ def test_func_targets_module_callable_and_hal_ops_fallbacks():
     assert _by_op(s)["aten::gelu"][0]["count"] == 3
     s = audit("workload_funcs.py:step_callable", kind="func", steps=2)
     assert s["run"]["steps"] == 2 and any(o["phase"] == "optimizer" for o in s["ops"])
+    s = audit("workload_funcs.py:own_training_loop", kind="func", steps=3)
+    assert s["run"]["status"] == "ok" and s["run"]["optimizer_steps"] == 3
     s = audit("workload_funcs.py:uses_hal_ops", kind="func", steps=2)
     assert s["run"]["status"] == "ok", s["run"]
     hal = [o for o in s["ops"] if o["source"] == "hal.ops"]

@@ -160,11 +160,12 @@ def _run_func(spec: dict, state: _State) -> None:
     forwards. A func that returns None ran its own loop (the step hooks bound it)."""
     import torch
     func = _load_func(spec)
-    state.limiter.limit = None  # the driver below counts the steps itself
-    result = func()
     steps = spec.get("steps") or 2
+    state.limiter.limit = steps  # bounds a func that runs its own training/inference loop
+    result = func()
     if result is None:
         return
+    state.limiter.limit = None  # the driver below counts the steps itself
     if hasattr(result, "example_batch"):
         _drive_workload(result, spec, state, built=not hasattr(result, "build") or getattr(result, "model", None) is not None)
     elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
