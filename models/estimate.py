@@ -108,13 +108,16 @@ def gpt_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str 
     if mode == "infer":
         prompt, gen = min(cfg.prompt_len, seq), cfg.gen_tokens
         kv = kv_cache_bytes_cfg(cfg, batch * cfg.seq_len, e)
-        logits = batch * prompt * cfg.vocab_size * e
+        # prefill: the residual stream, a norm output and the MLP hidden pair of the prompt, alive
+        # together; the logits of the last position only
+        hidden = (3 + 2 * cfg.ffn_dim / cfg.n_embd) if cfg.mlp == "gelu" else (3 + 3 * cfg.ffn_dim / cfg.n_embd)
+        transient = int(hidden * batch * prompt * cfg.n_embd) * e + batch * cfg.vocab_size * e
         flops = gpt_forward_flops(cfg, batch, prompt) + sum(
             2 * batch * (cfg.n_layer * (4 * cfg.n_embd ** 2 + (2 if cfg.mlp == "gelu" else 3) * cfg.n_embd * cfg.ffn_dim)
                          + cfg.n_embd * cfg.vocab_size) + cfg.n_layer * 4 * batch * (prompt + i) * cfg.n_embd
             for i in range(max(gen - 1, 0)))
         mem = {"parameters": P * e, "kv_cache": kv, "kv_cache_tokens": batch * cfg.seq_len,
-               "prefill_logits": logits, "total_bytes": P * e + kv + logits, "lower_bound": False}
+               "prefill_transient": transient, "total_bytes": P * e + kv + transient, "lower_bound": False}
         return {"parameters": P, "flops_per_step": int(flops), "memory": mem, "mode": mode}
     acts = gpt_activation_bytes(cfg, dtype, batch, seq)
     logprobs = acts["log_probs"]
@@ -211,7 +214,7 @@ def moe_estimates(cfg: Any, dtype: torch.dtype, batch: int, seq: int, mode: str 
         est = gpt_estimates(cfg, dtype, batch, seq, "infer")
         est["parameters"] = P
         est["memory"]["parameters"] = P * e
-        est["memory"]["total_bytes"] = P * e + est["memory"]["kv_cache"] + est["memory"]["prefill_logits"]
+        est["memory"]["total_bytes"] = P * e + est["memory"]["kv_cache"] + est["memory"]["prefill_transient"]
         return est
     bsh = tokens * h
     per_layer = int((8 + k * (3 + 2 * fe / h)) * bsh) * e + 3 * tokens * E * 4 + batch * cfg.n_head * seq * 4

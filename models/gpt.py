@@ -234,7 +234,8 @@ class Gpt(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[b, s, vocab]`` (``[b, 1, vocab]`` with ``last_only``, as a server's prefill does)."""
         b, s = tokens.shape
         pos = cache.length if cache is not None else 0
         if pos + s > self.cfg.seq_len:
@@ -247,6 +248,8 @@ class Gpt(nn.Module):
             x = block(x, self.rope, cache, i)
         if cache is not None:
             cache.length = pos + s
+        if last_only:
+            x = x[:, -1:]
         return self.head(self.ln_f(x))
 
 
@@ -301,7 +304,7 @@ class GptWorkload(Workload):
         self._require_built()
         self.model.eval()
         cache = cache if cache is not None else self.new_cache(tokens.shape[0])
-        logits = self.model(tokens, cache)
+        logits = self.model(tokens, cache, last_only=True)
         return logits[:, -1], cache
 
     @torch.no_grad()

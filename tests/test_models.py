@@ -188,6 +188,17 @@ def test_gpt_training_memory_estimate_within_10_percent_of_cpu_allocator(over):
     assert abs(err) < 0.10, (est, measured)
 
 
+@pytest.mark.parametrize("name", ["gpt", "moe"])
+def test_inference_memory_estimate_with_kv_cache_within_10_percent(name):
+    w = get_workload(name, "tiny", n_embd=128, vocab_size=512, seq_len=128, prompt_len=32).build("cpu")
+    batch = w.example_batch()
+    measured = measure_peak(lambda: w.infer(batch), w.device, w.backend, [w.model, w.optimizer, batch])
+    mem = w.estimates(mode="infer")["memory"]
+    assert mem["kv_cache"] == 2 * 2 * 4 * 32 * (4 * 128) * 4  # 2 x layers x kv_heads x head_dim x tokens x bytes
+    err = (mem["total_bytes"] - measured["peak_bytes"]) / measured["peak_bytes"]
+    assert abs(err) < 0.10, (mem, measured)
+
+
 def test_cnn_training_memory_estimate_within_10_percent_of_cpu_allocator():
     w = _built("cnn", batch_size=16, image_size=32)
     batch = w.example_batch()
