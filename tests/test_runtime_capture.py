@@ -134,6 +134,9 @@ def test_build_ops_costs_fallbacks_per_step_and_flags_float64(monkeypatch):
     measured = build_ops(records, "mlu", steps=3, measured={"device_type": "cpu", "mlu_fallbacks": {"aten::mode": 1}})
     assert all(o["verified"] for o in measured)
     assert {o["op"]: o["status"] for o in measured} == {"aten::mode": "fallback", "aten::addmm": "native"}
+    records[0]["op"] = "aten::mode.dimname"
+    overload = build_ops(records, "mlu", steps=3, measured={"device_type": "cpu", "mlu_fallbacks": {"aten::mode.default": 1}})
+    assert {o["op"]: o["status"] for o in overload} == {"aten::mode.dimname": "native", "aten::addmm": "native"}
 
 
 @pytest.mark.contract

@@ -79,7 +79,7 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
         status, reason, verified = st["status"], st["reason"], False
         if measured is not None and rec.get("device_type") == measured["device_type"]:
             verified = True
-            if rec["op"] in measured.get("mlu_fallbacks", {}):
+            if _warned(rec["op"], measured.get("mlu_fallbacks", {})):
                 status, reason = "fallback", "torch_mlu warned that it fell back to the CPU (measured)"
             else:
                 status, reason = "native", f"ran on {measured['device_type']} (measured)"
@@ -105,6 +105,13 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
     out.sort(key=lambda o: (_severity(o["status"]), -o["bytes_per_step"], -o["count"], o["op"],
                             PHASE_ORDER.index(o["phase"]) if o["phase"] in PHASE_ORDER else 9))
     return out
+
+
+def _warned(op: str, warned: dict) -> bool:
+    """Whether torch_mlu's fallback warnings name ``op``. The warning prints the operator name as the
+    dispatcher does (``aten::nanmedian`` for the default overload, ``aten::nanmedian.dim`` otherwise),
+    the spelling of captured ops too; a trailing ``.default`` is dropped."""
+    return any((name[: -len(".default")] if name.endswith(".default") else name) == op for name in warned)
 
 
 def _severity(status: str) -> int:
