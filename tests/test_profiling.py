@@ -236,3 +236,15 @@ def test_module_entry_point_bad_device_is_one_line_exit_2(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "nosuchchip" in p.stderr
+
+
+def test_runtime_sync_count_leaves_out_the_harness_own_syncs():
+    from types import SimpleNamespace as E
+    from hal.conformance.profiling.profiler import HARNESS_RANGE, _runtime_syncs
+    harness = E(name=HARNESS_RANGE, cpu_parent=None)
+    item = E(name="aten::_local_scalar_dense", cpu_parent=None)
+    events = [E(name="cudaDeviceSynchronize", cpu_parent=harness),
+              E(name="cudaEventSynchronize", cpu_parent=E(name="x", cpu_parent=harness)),
+              E(name="cudaStreamSynchronize", cpu_parent=item),
+              E(name="aten::addmm", cpu_parent=None)]
+    assert _runtime_syncs(events) == {"cudaStreamSynchronize": 1}

@@ -23,7 +23,9 @@ Not thread-safe (the profiler is per process).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
@@ -34,7 +36,10 @@ from hal.conformance.profiling.analysis import analyse_step
 from hal.conformance.profiling.roofline import resolve_peaks, roofline_row
 
 TRACE_FILE = "trace.json"
-_RUNTIME_SYNC = ("Synchronize",)          # cudaStreamSynchronize, cudaDeviceSynchronize, cnrt...Sync...
+#: profiler range around the harness's own synchronisation (left out of the sync count)
+HARNESS_RANGE = "[hal profiling] harness sync"
+#: an operator row of the profiler ("aten::addmm", "hal::rms_norm"); kernel names are not ops
+_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z0-9_.]+$")
 _MEMCPY = ("Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoH", "Memcpy DtoD")
 
 DEFINITIONS = {
@@ -56,7 +61,8 @@ DEFINITIONS = {
               "located by module and first source line outside torch",
     "syncs": "ops that block the host until the device catches up (item/float/bool on a device tensor, "
              "nonzero, masked_select, blocking device->host copies), located like copies; plus "
-             "runtime_calls, the device runtime's synchronize calls the profiler recorded",
+             "runtime_calls, the device runtime's synchronize calls over the profiled steps (the harness's own "
+             "per-step synchronisation excluded)",
     "fallback": "ms_per_step: device (else host) self time of the fallback ops per step; "
                 "copy_ms_per_step: their input+output bytes per step / host<->device bandwidth "
                 "(the copies a CPU fallback makes; 0 when the device is the host)",
@@ -81,16 +87,21 @@ def _activities(backend: Backend) -> tuple[list, list[str], str]:
     return acts, names, note
 
 
-def _time_steps(step_fn: Callable[[], Any], backend: Backend, n: int,
-                around: Optional[Callable[[], None]] = None) -> list[float]:
+def timed_steps(step_fn: Callable[[], Any], backend: Backend, n: int,
+                around: Optional[Callable[[], None]] = None, mark: bool = False) -> list[float]:
+    """Milliseconds of each of ``n`` calls of ``step_fn`` between two backend timing events, each
+    followed by a synchronisation; ``around`` (if given) runs after each step, untimed. ``mark``
+    wraps the harness's own synchronisation in a profiler range (``HARNESS_RANGE``) so that a
+    profile can leave it out of the program's sync count."""
     out = []
     for _ in range(n):
         start, end = backend.create_event(enable_timing=True), backend.create_event(enable_timing=True)
         start.record()
         step_fn()
         end.record()
-        end.synchronize()
-        backend.synchronize()
+        with torch.profiler.record_function(HARNESS_RANGE) if mark else contextlib.nullcontext():
+            end.synchronize()
+            backend.synchronize()
         out.append(start.elapsed_time(end))
         if around is not None:
             around()
@@ -104,13 +115,36 @@ def _device_self_us(avg: Any) -> float:
     return 0.0
 
 
-def _profile_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, acts: list,
-                           trace_path: Optional[str]) -> tuple[list, list[float]]:
+def _runtime_syncs(events: Iterable[Any]) -> dict[str, int]:
+    """Device-runtime synchronize calls (``cudaStreamSynchronize`` ...) outside the harness range."""
+    out: dict[str, int] = {}
+    for e in events:
+        name = e.name
+        if "Synchronize" not in name or "::" in name:
+            continue
+        parent, ours = e.cpu_parent, False
+        while parent is not None:
+            if parent.name == HARNESS_RANGE:
+                ours = True
+                break
+            parent = parent.cpu_parent
+        if not ours:
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def profiled_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, acts: list,
+                   trace_path: Optional[str] = None) -> dict:
+    """Pass 3 of the module docstring: one profiler warm-up step and ``steps`` recorded, timed
+    steps under ``torch.profiler`` with ``acts``. Returns ``{"averages": key averages,
+    "runtime_syncs": {runtime call: count} (the harness's own excluded), "step_ms": [...]}``.
+    Writes the Chrome trace to ``trace_path`` when given."""
     from torch.profiler import profile, schedule
     captured: dict = {}
 
     def ready(prof: Any) -> None:
         captured["averages"] = prof.key_averages()
+        captured["runtime_syncs"] = _runtime_syncs(prof.events())
         if trace_path:
             prof.export_chrome_trace(trace_path)
 
@@ -119,10 +153,10 @@ def _profile_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, act
         step_fn()
         backend.synchronize()
         prof.step()
-        times = _time_steps(step_fn, backend, steps, around=prof.step)
+        times = timed_steps(step_fn, backend, steps, around=prof.step, mark=True)
     if "averages" not in captured:  # pragma: no cover - schedule did not complete
         ready(prof)
-    return captured["averages"], times
+    return {"averages": captured["averages"], "runtime_syncs": captured["runtime_syncs"], "step_ms": times}
 
 
 def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
@@ -145,15 +179,13 @@ def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
 
 
 def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_ms: float) -> tuple[list, dict]:
-    rows, runtime = [], {"sync_calls": 0, "memcpy_events": 0, "memcpy_names": {}}
+    rows, runtime = [], {"memcpy_events": 0, "memcpy_names": {}}
     for a in averages:
         key = a.key
-        if any(s in key for s in _RUNTIME_SYNC) and "::" not in key:
-            runtime["sync_calls"] += int(a.count)
         if key.startswith(_MEMCPY):
             runtime["memcpy_events"] += int(a.count)
             runtime["memcpy_names"][key] = int(a.count)
-        if "::" not in key or key.startswith("ProfilerStep"):
+        if not _OP_NAME.match(key):
             continue
         self_ms = float(a.self_cpu_time_total) / 1e3
         dev = _device_self_us(a) / 1e3 if has_device else None
@@ -186,14 +218,15 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
     for _ in range(warmup):
         step_fn()
     backend.synchronize()
-    plain = _time_steps(step_fn, backend, steps)
+    plain = timed_steps(step_fn, backend, steps)
 
     trace_rel, trace_path = None, None
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         trace_rel, trace_path = TRACE_FILE, os.path.join(out_dir, TRACE_FILE)
-    averages, profiled = _profile_steps(step_fn, backend, steps, acts, trace_path)
-    rows, runtime = _op_rows(averages, has_device, steps, sum(profiled))
+    recorded = profiled_steps(step_fn, backend, steps, acts, trace_path)
+    profiled = recorded["step_ms"]
+    rows, runtime = _op_rows(recorded["averages"], has_device, steps, sum(profiled))
 
     analysis = analyse_step(step_fn, model)
     dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
@@ -237,7 +270,8 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
         "hotspots": [r["op"] for r in rows[:top]],
         "copies": dict(analysis["copies"], profiler_memcpy_events=runtime["memcpy_events"],
                        profiler_memcpy=runtime["memcpy_names"]),
-        "syncs": dict(analysis["syncs"], runtime_calls=runtime["sync_calls"]),
+        "syncs": dict(analysis["syncs"], runtime_calls=sum(recorded["runtime_syncs"].values()),
+                      runtime=recorded["runtime_syncs"]),
         "fallback": fallback,
         "memory": memory,
         "roofline": {"peaks": peaks, "peaks_source": peaks_source,
