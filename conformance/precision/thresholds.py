@@ -73,6 +73,8 @@ def base_tolerance(dtype: torch.dtype) -> Tuple[float, float]:
 
 
 def accumulation_eps(dtype: torch.dtype) -> float:
+    if not dtype.is_floating_point:
+        return 0.0
     if dtype in (torch.float16, torch.bfloat16):
         return torch.finfo(torch.float32).eps
     if dtype.is_floating_point:

@@ -39,6 +39,8 @@ _SKIP = {
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
 _META_KEY = "hal_precision_module"
+#: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
+_INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
 #: the CPU reference; value: (canonical name, how many leading outputs are comparable).
 _CANONICAL = {
@@ -224,7 +226,8 @@ class StepTracer(TorchDispatchMode):
         phase, module = self.current_module()
         input_ids = [id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         for i, o in enumerate(outs):
-            if isinstance(o, torch.Tensor) and o.is_floating_point() and o.numel() > 0:
+            if isinstance(o, torch.Tensor) and o.numel() > 0 and (
+                    o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
                 self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
                               input_ids=input_ids)
         return out
@@ -255,6 +258,9 @@ class StepTracer(TorchDispatchMode):
             eff.append(self.compute_dtype)
         eff_dtype = th.loosest(eff)
         tthr = th.threshold_for(op, eff_dtype, k)
+        if not t.is_floating_point():  # indices: exact
+            eff_dtype = t.dtype
+            thr = tthr = th.threshold_for(op, t.dtype, 1)
         rec = OpRecord(phase, module, op, occ, out_index, str(t.dtype).replace("torch.", ""),
                        tuple(t.shape), kind=kind, threshold=thr, eff_dtype=eff_dtype,
                        total_threshold=tthr)
