@@ -151,7 +151,7 @@ class _Resolver:
                 if newer:
                     note = (f"in torch {self.built} it calls {', '.join(newer)}, absent from torch {ver}; its torch "
                             f"{ver} callees were not traced: assumed supported")
-                elif entry.get("t") == "traced":
+                elif entry.get("t") in ("traced", "schema", "redispatch", "schema-redispatch"):
                     note = "calls no other ATen op"
                 else:
                     note = "its callees were not traced; assumed supported"

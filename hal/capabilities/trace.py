@@ -273,6 +273,114 @@ def _extra_calls() -> Iterable[Callable[[], object]]:
     yield lambda: F.embedding(torch.tensor([[1, 2]]), torch.randn(5, 3, requires_grad=True)).sum().backward()
 
 
+def _schema_value(arg):
+    """A small example value for one schema argument (None when none is obvious)."""
+    t = arg.type
+    kind = type(t).__name__
+    if kind == "OptionalType":
+        return None
+    if kind == "TensorType":
+        return torch.empty(0) if arg.alias_info is not None and arg.alias_info.is_write else \
+            torch.rand(3, 3) + 0.5
+    if kind == "ListType":
+        elem = type(t.getElementType()).__name__
+        if elem == "TensorType":
+            return [torch.rand(3, 3) + 0.5, torch.rand(3, 3) + 0.5]
+        if elem == "IntType" or "SymInt" in str(t):
+            return [1]
+        return []
+    name = str(t)
+    return {"int": 1, "SymInt": 1, "float": 0.5, "bool": False, "Scalar": 1, "number": 1,
+            "ScalarType": torch.float32, "Device": torch.device("cpu"), "Layout": torch.strided,
+            "str": "none"}.get(name, _NO_VALUE)
+
+
+_NO_VALUE = object()
+
+
+def schema_calls(ops: Iterable[str]) -> dict[str, Callable[[], object]]:
+    """``{op: call}`` running each op on example inputs built from its schema alone (small float
+    tensors, 1 for ints, defaults where the schema has them). Ops whose schema needs something
+    else are skipped; a call may still raise (then it traces nothing)."""
+    out: dict[str, Callable[[], object]] = {}
+    for op in ops:
+        base, _, overload = op.split("::", 1)[1].partition(".")
+        try:
+            func = getattr(getattr(torch.ops.aten, base), overload or "default")
+            schema = func._schema
+        except (AttributeError, RuntimeError):
+            continue
+        args, kwargs, ok = [], {}, True
+        for a in schema.arguments:
+            if a.has_default_value() and not (a.alias_info is not None and a.alias_info.is_write):
+                continue
+            value = _schema_value(a)
+            if value is _NO_VALUE:
+                ok = False
+                break
+            if a.kwarg_only:
+                kwargs[a.name] = value
+            else:
+                args.append(value)
+        if ok:
+            out[op] = functools.partial(func, *args, **kwargs)
+    return out
+
+
+def _schema_worker(mode: str, ops: list[str]) -> None:
+    """Child-process side of :func:`trace_by_schema`: prints ``START <op>`` before each call and
+    one JSON line of callees after it (a crash in an op then names that op)."""
+    import json
+    import sys
+    calls = schema_calls(ops)
+    for op in ops:
+        print("START " + op, flush=True)
+        call = calls.get(op)
+        edges: set[str] = set()
+        if call is not None:
+            if mode == "redispatch":
+                edges = trace_redispatched({op: (call.func, call.args, call.keywords)}).get(op, set())
+            else:
+                edges = trace_calls([call]).get(op, set())
+        sys.stdout.write(json.dumps({"op": op, "callees": sorted(edges)}) + "\n")
+        sys.stdout.flush()
+
+
+def trace_by_schema(ops: Iterable[str], redispatch: bool, timeout_s: float = 600) -> dict[str, set[str]]:
+    """Direct callees of ``ops`` run on schema-derived inputs: called normally (the CPU runs the
+    composite) or, with ``redispatch``, through their PrivateUse1 composite.
+
+    Made-up arguments can crash an op's kernel (a segfault), so the calls run in a child process;
+    an op that kills it is skipped and the child restarted after it."""
+    import json
+    import subprocess
+    import sys
+    todo = list(ops)
+    out: dict[str, set[str]] = {}
+    mode = "redispatch" if redispatch else "call"
+    while todo:
+        proc = subprocess.run([sys.executable, "-c", "import sys; from hal.capabilities.trace import _schema_worker; "
+                               "_schema_worker(sys.argv[1], sys.stdin.read().split())", mode],
+                              input="\n".join(todo), capture_output=True, text=True, timeout=timeout_s)
+        started = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("START "):
+                started = line[6:]
+            elif line.startswith("{"):
+                rec = json.loads(line)
+                out[rec["op"]] = set(rec["callees"])
+                started = None
+        done = set(out)
+        if proc.returncode == 0:
+            break
+        if started is None:  # died outside a call: give up on the rest rather than loop
+            LOG.warning("schema tracing worker exited %s: %s", proc.returncode, proc.stderr[-500:])
+            break
+        LOG.info("schema tracing: %s crashed the worker (exit %s); skipped", started, proc.returncode)
+        todo = [o for o in todo[todo.index(started) + 1:] if o not in done]
+    return {k: v for k, v in out.items() if v}
+
+
 def trace_composites(samples_per_op: int = 3) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """``(traced, redispatched)``: direct ATen children of every op traced over PyTorch's OpInfo
     database and training calls, and the callees of the composites the CPU hides (see
