@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The main job: audit a CUDA training script for the MLU (static findings + patch, then a real run on
+# this machine's device with every op captured and its MLU support predicted).
 demo: setup
 	$(VENV)/bin/hal backends
-	$(VENV)/bin/hal collectives --device cpu --world-size 2
+	$(VENV)/bin/hal-audit examples/cuda_train.py --device mlu --fix --out $(OUT)
 
 test: setup
 	$(PY) -m pytest -q
