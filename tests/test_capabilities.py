@@ -209,6 +209,9 @@ def test_live_generator_code_path_with_cpu_key(tmp_path):
     assert "--dispatch-key CPU" in data["provenance"]["generated_by"]
     st = op_status("cuda", "aten::nanmedian.dim", manifest_path=str(out))
     assert st.status == "composite" and st.predicted is False
+    # no automatic CPU fallback in stock torch: an op without a kernel for the key cannot run
+    st = op_status("cuda", "aten::_cudnn_rnn", manifest_path=str(out))
+    assert st.status == "unsupported" and "the CPU has no kernel" in st.reason
 
 
 def test_generator_bad_input_exit_2(tmp_path):

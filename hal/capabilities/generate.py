@@ -176,8 +176,9 @@ def build_live(backend: str, dispatch_key: str, argv: Sequence[str]) -> dict:
                            "cuda": getattr(torch.version, "cuda", None), "built_with_torch": torch.__version__,
                            "generated_by": _command(argv)},
             "native": {"aten": native},
-            "fallback": {"default_enabled": backend != "cpu", "target": "cpu"} if backend != "cpu"
-            else {"default_enabled": False}}
+            # stock torch has no automatic CPU fallback: an op without a kernel for the key raises
+            "fallback": {"default_enabled": False,
+                         "note": f"torch raises NotImplementedError for an op with no {dispatch_key} kernel"}}
 
 
 def _write(data: dict, out: Optional[str]) -> None:
