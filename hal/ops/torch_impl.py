@@ -40,13 +40,15 @@ def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     return F.silu(a) * b
 
 
-#: name -> (ATen overload it stands for, ATen overloads it reaches, implementation)
+#: name -> (ATen overload it stands for, ATen overloads it reaches, implementation). For ops that are
+#: ATen ops themselves "reaches" is the op: the capability query expands composites per device (the
+#: kernel SDPA or rms_norm lands on differs by device and torch version); the fused HAL ops list
+#: the ATen ops their reference issues.
 OPS = {
     "softmax": ("aten::softmax.int", ("aten::_softmax",), torch.softmax),
     "log_softmax": ("aten::log_softmax.int", ("aten::_log_softmax",), torch.log_softmax),
     "layer_norm": ("aten::layer_norm", ("aten::native_layer_norm",), F.layer_norm),
-    "rms_norm": ("aten::rms_norm", ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::add.Scalar",
-                                    "aten::rsqrt", "aten::mul.Tensor"), rms_norm),
+    "rms_norm": ("aten::rms_norm", ("aten::rms_norm",), rms_norm),
     "add_rms_norm": ("hal::add_rms_norm", ("aten::add.Tensor", "aten::pow.Tensor_Scalar", "aten::mean.dim",
                                            "aten::rsqrt", "aten::mul.Tensor"), add_rms_norm),
     "gelu": ("aten::gelu", ("aten::gelu",), F.gelu),
@@ -56,6 +58,5 @@ OPS = {
     "cross_entropy": ("aten::cross_entropy_loss", ("aten::_log_softmax", "aten::nll_loss_forward"), F.cross_entropy),
     "embedding": ("aten::embedding", ("aten::index_select",), F.embedding),
     "scaled_dot_product_attention": ("aten::scaled_dot_product_attention",
-                                     ("aten::_scaled_dot_product_flash_attention_for_cpu",),
-                                     F.scaled_dot_product_attention),
+                                     ("aten::scaled_dot_product_attention",), F.scaled_dot_product_attention),
 }
