@@ -50,6 +50,7 @@ def test_gpt_train_profile_has_ops_with_host_times_and_no_device_time(gpt_train_
     assert prof["hotspots"][0] == prof["ops"][0]["op"] and len(prof["hotspots"]) <= 10
     assert len(prof["step_ms"]["all"]) == 2 and prof["step_ms"]["median"] > 0
     assert prof["overhead_ratio"] > 0
+    json.dumps(prof, allow_nan=False)                       # strict JSON for audit.json
 
 
 def test_flops_per_op_add_up_to_the_analytic_estimate(gpt_train_profile):
@@ -248,3 +249,22 @@ def test_runtime_sync_count_leaves_out_the_harness_own_syncs():
               E(name="cudaStreamSynchronize", cpu_parent=item),
               E(name="aten::addmm", cpu_parent=None)]
     assert _runtime_syncs(events) == {"cudaStreamSynchronize": 1}
+
+
+class _SyncInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        float(g.sum())  # BACKWARD-SYNC
+        return g * 2
+
+
+def test_sync_in_backward_is_attributed_to_backward():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    res = analyse_step(lambda: _SyncInBackward.apply(lin(x)).sum().backward(), lin)
+    loc = [s for s in res["syncs"]["locations"] if s["line"] == _line_of("# BACKWARD-SYNC")]
+    assert loc and loc[0]["module"] == "<backward>"
