@@ -9,6 +9,8 @@ because one full 8x1024 step takes about a minute on 2 cores) on ``--threads`` C
 - ``capture+audit``: the same step under the audit's op capture (dispatch mode, module tracker,
   step hooks), then the support audit of what was captured (capability query for MLU, cost per
   step) — the work ``hal-audit`` adds per step, plus the one-off audit, charged to every step;
+  wall and CPU time (``process_time``, all threads) are both reported: on a shared box the CPU
+  ratio is the steadier one;
 - ``capture+audit+redirect``: also the CUDA-redirect TorchFunctionMode the audit of a CUDA script adds.
 
 Then the wall time of whole ``hal-audit gpt --device mlu`` CLI runs (tiny gpt), as a subprocess.
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,17 +75,23 @@ def bench_step(args) -> tuple[list, dict]:
         for fn in modes.values():
             fn()
     times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
     info = {}
     for _ in range(args.repeats):
         for name, fn in modes.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             out = fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             if isinstance(out, dict):
                 info = out
-    base = statistics.median(times["plain"])
+    base, base_cpu = statistics.median(times["plain"]), statistics.median(cpu["plain"])
     rows = [{"mode": m, "median_s": round(statistics.median(t), 4), "min_s": round(min(t), 4),
-             "ratio_vs_plain": round(statistics.median(t) / base, 3), "repeats": len(t)} for m, t in times.items()]
+             "ratio_vs_plain": round(statistics.median(t) / base, 3),
+             "min_ratio_vs_plain": round(min(t) / min(times["plain"]), 3),
+             "cpu_median_s": round(statistics.median(cpu[m]), 4),
+             "cpu_ratio_vs_plain": round(statistics.median(cpu[m]) / base_cpu, 3), "repeats": len(t)}
+            for m, t in times.items()]
     return rows, {"params": w.parameter_count(), **info}
 
 
@@ -90,13 +99,16 @@ def bench_cli(args) -> dict:
     exe = shutil.which("hal-audit") or os.path.join(os.path.dirname(sys.executable), "hal-audit")
     if not os.path.exists(exe):
         return {"skipped": "hal-audit console script not installed"}
-    walls, codes = [], []
+    walls, cpus, codes = [], [], []
     for _ in range(args.cli_repeats):
         with tempfile.TemporaryDirectory() as out:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             proc = subprocess.run([exe, "gpt", "--device", "mlu", "--out", out, "--format", "json"],
                                   capture_output=True, text=True, timeout=300)
             walls.append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime))
             codes.append(proc.returncode)
             report = None
             path = os.path.join(out, "audit.json")
@@ -104,7 +116,8 @@ def bench_cli(args) -> dict:
                 with open(path) as f:
                     report = json.load(f)
     summary = {"command": "hal-audit gpt --device mlu --out TMP --format json", "exit_codes": codes,
-               "median_s": round(statistics.median(walls), 3), "runs_s": [round(x, 3) for x in walls]}
+               "median_s": round(statistics.median(walls), 3), "runs_s": [round(x, 3) for x in walls],
+               "cpu_median_s": round(statistics.median(cpus), 3), "load_avg_1m": round(os.getloadavg()[0], 2)}
     if report:
         summary.update(run_status=report.get("run", {}).get("status"), ops=len(report.get("ops", [])),
                        run_seconds=report.get("run", {}).get("seconds"))
@@ -133,7 +146,8 @@ def main(argv=None) -> int:
     cli = {"skipped": "--skip-cli"} if args.skip_cli else bench_cli(args)
     print("\nwhole CLI run:", json.dumps(cli))
     result = {"benchmark": "bench_capture", "step": rows, "step_info": info, "cli": cli,
-              "settings": vars(args), "timing": "time.perf_counter, interleaved modes, median",
+              "settings": vars(args), "timing": "time.perf_counter (wall) and time.process_time (CPU, all threads), interleaved modes, median",
+              "load_avg_1m": round(os.getloadavg()[0], 2),
               "environment": {"python": platform.python_version(), "torch": torch.__version__,
                               "platform": platform.platform(), "cpu_count": os.cpu_count()}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
