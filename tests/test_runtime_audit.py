@@ -260,3 +260,14 @@ def test_onnx_bad_file_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="not a readable ONNX model"):
         audit_target({"target": str(bad), "kind": "onnx", "device": "mlu"})
 
+
+
+@pytest.mark.contract
+def test_contract_mlu_fallback_warnings_mark_ops_measured_when_the_target_ran():
+    """A stand-in program emits torch_mlu's warning text; with the program run on its target (here
+    the CPU target, so the run counts as on-target) the named op is a measured fallback. Not an
+    MLU result: it checks the warning -> ops pipeline only."""
+    s = audit("mlu_warning_standin.py", device="cpu")
+    ops = _by_op(s)
+    assert ops["aten::mode"][0]["status"] == "fallback" and ops["aten::mode"][0]["verified"] is True
+    assert ops["aten::addmm"][0]["status"] == "native" and ops["aten::addmm"][0]["verified"] is True
