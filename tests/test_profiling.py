@@ -92,9 +92,9 @@ def test_sync_point_located_at_the_float_loss_line(gpt_train_profile):
     syncs = gpt_train_profile[0]["syncs"]
     import hal.models.workload as wl
     src = open(wl.__file__).read().splitlines()
-    lines = [l for l in syncs["locations"] if os.path.samefile(l["file"], wl.__file__)]
-    assert any("float(loss)" in src[l["line"] - 1] for l in lines)
-    assert all(l["device"] == "cpu" for l in syncs["locations"])
+    here = [loc for loc in syncs["locations"] if os.path.samefile(loc["file"], wl.__file__)]
+    assert any("float(loss)" in src[loc["line"] - 1] for loc in here)
+    assert all(loc["device"] == "cpu" for loc in syncs["locations"])
     assert gpt_train_profile[0]["copies"]["count"] == 0      # one device: nothing crosses
 
 

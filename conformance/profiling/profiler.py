@@ -51,8 +51,9 @@ DEFINITIONS = {
                  "profiler had no device activity (CPU-only run)",
     "share": "op time (device_ms when recorded, else self_ms) / summed step time of the profiled steps",
     "flops": "FLOPs of the op in one step (torch.utils.flop_counter.FlopCounterMode); 0 for ops it "
-             "does not count, null for ops the analysis step did not see (composites the dispatcher "
-             "decomposed: their children carry the figures)",
+             "does not count, null for ops the analysis step did not see: composites decomposed above "
+             "the dispatch mode (aten::linear -> aten::addmm) and ops that ran only inside another "
+             "op's kernel (aten::copy_ inside aten::_to_copy); the op that was seen carries the figures",
     "bytes": "input + output tensor bytes of the op in one step (views and aliases: 0)",
     "intensity": "flops / bytes",
     "roofline_pct": "max(flops / peak FLOP/s[dtype], bytes / peak copy bandwidth) / measured op time "

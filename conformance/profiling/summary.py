@@ -49,8 +49,8 @@ def markdown_summary(profile: dict, matrix: Optional[dict] = None, top: int = 15
         lines += [f"## {title}", "", f"{sec.get('count', 0)} in one step ({sec.get('bytes', 0)} bytes){extra}", ""]
         locs = sec.get("locations") or []
         if locs:
-            lines.append(tabulate([[l["module"], f"{l['file']}:{l['line']}", l.get("device", ""), l["count"]]
-                                   for l in locs[:10]], headers=["module", "source", "device", "count"],
+            lines.append(tabulate([[loc["module"], f"{loc['file']}:{loc['line']}", loc.get("device", ""), loc["count"]]
+                                   for loc in locs[:10]], headers=["module", "source", "device", "count"],
                                   tablefmt="github"))
             lines.append("")
     fb = p.get("fallback") or {}
