@@ -25,7 +25,6 @@ import json
 import os
 import tempfile
 import threading
-from typing import Any, Optional
 
 from hal.conformance.runtime.predict import build_ops
 

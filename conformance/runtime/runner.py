@@ -71,9 +71,11 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: Optional[dict] = None) -> dict:
-    """Run the child; return ``{"run": {...}, plus the child's result keys when it wrote them}``."""
-    cmd = [sys.executable, "-m", "hal.conformance.runtime.child", spec_path]
+def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: Optional[dict] = None,
+              module: str = "hal.conformance.runtime.child") -> dict:
+    """Run ``python -m module spec_path`` as the child; return ``{"run": {...}, plus the child's
+    result keys when it wrote them}``. The child writes ``result_path`` (named in its spec)."""
+    cmd = [sys.executable, "-m", module, spec_path]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)
