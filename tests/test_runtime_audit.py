@@ -139,6 +139,12 @@ def test_failing_programs_become_run_status(script, status, error_part):
     assert s["run"]["output_tail"], "the last lines the program printed are kept"
 
 
+def test_forked_workers_exiting_with_os_exit_do_not_report_for_the_program():
+    s = audit("forked_workers.py")
+    assert s["run"]["status"] == "ok" and s["run"]["error"] is None, s["run"]
+    assert s["run"]["output_tail"][-1] == "program finished"
+
+
 def test_hang_is_stopped_by_timeout_and_leaves_no_process():
     before = {p.pid for p in psutil.process_iter()}
     s = audit("hang_with_child.py", timeout=12)  # generous: importing torch alone takes seconds on a busy box

@@ -45,6 +45,7 @@ class _State:
         self.mlu_fallbacks: dict[str, int] = {}
         self.written = False
         self.capture_active = False
+        self.pid = os.getpid()
         self.lock = threading.Lock()
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
@@ -59,6 +60,8 @@ class _State:
                 "hal_fallbacks": _hal_fallbacks()}
 
     def write(self, status: str, error: Optional[str] = None, exit_code: Optional[int] = None) -> None:
+        if os.getpid() != self.pid:  # a forked worker (DataLoader, multiprocessing) never reports
+            return
         with self.lock:
             if self.written:
                 return
@@ -196,13 +199,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
     state = _State(spec)
+    real_exit = os._exit
 
     def on_term(_signum: int, _frame: Any) -> None:
         state.write("timeout", f"stopped after the {spec.get('timeout')} s timeout", None)
-        os._exit(124)
+        real_exit(124)
 
     signal.signal(signal.SIGTERM, on_term)
-    real_exit = os._exit
 
     def audited_exit(code: int) -> None:
         try:
