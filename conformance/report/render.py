@@ -21,6 +21,8 @@ from tabulate import tabulate
 
 # ---- blocks: the format-neutral intermediate --------------------------------------------------
 # ("p", text) | ("table", headers, rows) | ("kv", [(key, value), ...]) | ("h", text)
+# | ("svg", markup): a picture for the HTML page only, produced by our own code with every label
+#   already escaped (hal.conformance.profiling.hotspot_chart_svg); other formats skip it.
 Block = tuple
 
 
@@ -120,14 +122,85 @@ def _ops(value: Any, report: dict) -> list:
     return generic_blocks(value, report) if value else [("p", "not collected (static audit only)")]
 
 
+def _not_collected(value: Any, flag: str) -> Optional[list]:
+    if not value:
+        return [("p", f"not collected (run with {flag})")]
+    if not isinstance(value, dict):
+        return generic_blocks(value, {})
+    if value.get("verdict") in ("not-run", "error") and "metrics" not in value and "ops" not in value:
+        return [("kv", [(k, _scalar(v)) for k, v in value.items()])]
+    return None
+
+
 @register_section("precision", "Precision")
-def _precision(value: Any, report: dict) -> list:
-    return generic_blocks(value, report) if value else [("p", "not collected (run with --precision)")]
+def _precision(value: Any, report: dict, worst: int = 15) -> list:
+    early = _not_collected(value, "--precision")
+    if early is not None:
+        return early
+    if not isinstance(value.get("metrics"), list) or not all(isinstance(m, dict) for m in value["metrics"]):
+        return generic_blocks(value, report)  # not ours: show it as it is
+    fd = value.get("first_divergence")
+    drift = value.get("drift") or {}
+    blocks: list = [("kv", [("verdict", value.get("verdict")), ("verified", value.get("verified")),
+                            ("reference", _scalar(value.get("reference"))), ("target", _scalar(value.get("target"))),
+                            ("first divergence", _scalar(fd) if fd else "none: every op within its threshold"),
+                            ("loss drift (max relative deviation)", drift.get("max_rel_dev")),
+                            ("loss curves R^2", drift.get("r2")), ("note", value.get("note", ""))])]
+    rows = []
+    for m in value.get("metrics") or []:
+        loc, tot = m.get("local") or {}, m.get("total") or {}
+        rows.append((bool(loc.get("exceeds")) or bool(tot.get("exceeds")), tot.get("rms_rel") or 0.0, [
+            m.get("kind"), m.get("phase"), m.get("module"), m.get("op"), m.get("dtype"),
+            _scalar(loc.get("max_rel")), _scalar(tot.get("max_rel")), _scalar(tot.get("rms_rel")),
+            _scalar(tot.get("cosine")), _scalar((m.get("threshold") or {}).get("rtol_eff")),
+            "exceeds" if loc.get("exceeds") or tot.get("exceeds") else "ok"]))
+    rows.sort(key=lambda r: (not r[0], -r[1]))
+    if rows:
+        blocks.append(("h", f"Worst {min(worst, len(rows))} of {len(rows)} comparisons (own error = the op re-run "
+                            f"in float64 on its actual inputs; total = against the float64 run)"))
+        blocks.append(("table", ["kind", "phase", "module", "op", "dtype", "own max rel", "total max rel",
+                                 "total rms rel", "cosine", "rtol", "status"], [r[2] for r in rows[:worst]]))
+    return blocks
 
 
 @register_section("profile", "Profile")
-def _profile(value: Any, report: dict) -> list:
-    return generic_blocks(value, report) if value else [("p", "not collected (run with --profile)")]
+def _profile(value: Any, report: dict, top: int = 12) -> list:
+    early = _not_collected(value, "--profile")
+    if early is not None:
+        return early
+    if ("ops" not in value and "memory" not in value) or not isinstance(value.get("memory") or {}, dict) \
+            or not all(isinstance(o, dict) for o in value.get("ops") or []):  # not ours: show it as it is
+        return generic_blocks(value, report)
+    mem = value.get("memory") or {}
+    step = value.get("step_ms") or {}
+    fb = value.get("fallback") or {}
+    blocks: list = [("kv", [("device", value.get("device")), ("verified", value.get("verified")),
+                            ("step ms (median)", step.get("median") if isinstance(step, dict) else step),
+                            ("profiled step ms", value.get("profiled_step_ms")),
+                            ("memory estimate bytes", mem.get("estimate_bytes")), ("peak bytes", mem.get("peak_bytes")),
+                            ("estimate error %", mem.get("error_pct")), ("peak source", mem.get("peak_source")),
+                            ("fallback ms per step", fb.get("ms_per_step")),
+                            ("host-device copies", _scalar((value.get("copies") or {}).get("count"))),
+                            ("sync points", _scalar((value.get("syncs") or {}).get("count"))),
+                            ("trace", value.get("trace")), ("note", value.get("note", ""))])]
+    try:
+        from hal.conformance.profiling import hotspot_chart_svg
+        blocks.append(("svg", hotspot_chart_svg(value)))
+    except Exception:  # the chart is a picture of the table below; never fail the report for it
+        pass
+    ops = value.get("ops") or []
+    if ops:
+        blocks.append(("h", f"Hot spots (top {min(top, len(ops))} of {len(ops)} ops)"))
+        blocks.append(("table", ["op", "calls", "total ms", "self ms", "device ms", "share", "intensity",
+                                 "% of roofline", "fallback"],
+                       [[o.get("op"), o.get("calls"), _scalar(o.get("total_ms")), _scalar(o.get("self_ms")),
+                         _scalar(o.get("device_ms")), _scalar(o.get("share")), _scalar(o.get("intensity")),
+                         _scalar(o.get("roofline_pct")), _scalar(o.get("fallback"))] for o in ops[:top]]))
+    inf = value.get("inference") or {}
+    if inf.get("rows"):
+        blocks.append(("h", "Inference load matrix"))
+        blocks.extend(generic_blocks(inf["rows"], report))
+    return blocks
 
 
 @register_section("environment", "Environment")
@@ -208,6 +281,8 @@ def to_html(report: dict) -> str:
                 out.append(f"<p>{e(b[1])}</p>")
             elif b[0] == "h":
                 out.append(f"<h3>{e(b[1])}</h3>")
+            elif b[0] == "svg":  # inline SVG needs no namespace URL: the page names no external address
+                out.append(b[1].replace(' xmlns="http://www.w3.org/2000/svg"', ""))
             elif b[0] == "kv":
                 out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in b[1])
                            + "</table>")

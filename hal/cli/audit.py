@@ -201,6 +201,10 @@ def handle(args: argparse.Namespace) -> int:
         findings += [_relative(f, static.root if static is not None else None) for f in sections.get("findings") or []]
         if isinstance(sections.get("target"), dict):
             target.update({k: v for k, v in sections["target"].items() if k in ("available", "verified", "reason")})
+        if args.precision or args.profile:
+            from hal.conformance.workload_audit import precision_and_profile
+            fallbacks = sorted({o["op"] for o in sections.get("ops") or [] if o.get("status") == "fallback"})
+            sections.update(precision_and_profile(request, fallbacks))
     extra = {}
     if static is not None:
         extra["static"] = static.stats()
