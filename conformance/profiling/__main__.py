@@ -80,9 +80,11 @@ def main(argv: "list[str] | None" = None) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         fallback = {x.strip() for x in args.fallback_ops.split(",") if x.strip()}
+        run_matrix = args.matrix == "on" or (args.matrix == "auto" and args.mode == "infer" and hasattr(w, "decode_step"))
+        if run_matrix and not hasattr(w, "decode_step"):
+            raise CliError(f"--matrix on: {args.model!r} is not a KV-cache language model (use gpt)")
         prof = profile_workload(w, backend, steps=args.steps, warmup=args.warmup, out_dir=args.out,
                                 mode=args.mode, fallback_ops=fallback)
-        run_matrix = args.matrix == "on" or (args.matrix == "auto" and args.mode == "infer" and hasattr(w, "decode_step"))
         matrix = None
         if run_matrix:
             try:
