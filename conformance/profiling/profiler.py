@@ -299,7 +299,7 @@ def _memory_section(step_fn: Callable[[], Any], backend: Backend, estimate: Opti
              and k != "total_bytes" and not k.endswith("_tokens")}  # items are bytes; counts go to detail
     return {"estimate_bytes": est, "peak_bytes": peak,
             "error_pct": (100.0 * (est - peak) / peak) if est is not None and peak else None,
-            "items": items, "lower_bound": bool((estimate or {}).get("lower_bound", estimate is None)),
+            "items": items, "lower_bound": bool((estimate or {}).get("lower_bound", False)),
             "peak_source": measured.get("source"), "baseline_bytes": measured.get("baseline_bytes"),
             "estimate_detail": {k: v for k, v in (estimate or {}).items() if k not in items and k != "total_bytes"}}
 
