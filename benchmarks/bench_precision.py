@@ -8,10 +8,11 @@ Measures, side by side in one run and on the same workload (default: hal.models 
   compared in full (no upcast cache, no sampling);
 * ``shadow + stats``: the tool's target pass: float64 shadows with the upcast cache, fused
   one-pass statistics and sampled giant outputs (``max_elements`` per tensor);
-* ``reference step``: the float64 reference step (reported for context; the full
-  ``compare_workload`` runs it once, and it is the same cost whatever the comparison does).
+* ``float64 reference step`` (plain, and traced keeping the per-op samples): the reference
+  side, reported for context; a full comparison step costs ours + the traced reference.
 
-Each variant: 1 warm-up, ``--repeats`` timed runs (median). Goal: shadow + stats <= 4x plain.
+Variants run interleaved, round by round (1 warm-up round, ``--repeats`` timed rounds, median),
+so background load affects them alike. Goal: shadow + stats <= 4x plain.
 Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.json).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 
 def _step(w, batch, tracer=None) -> float:
+    """One timed training step, optionally inside ``tracer`` (a dispatch mode)."""
     w.optimizer.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     if tracer is None:
@@ -75,15 +77,6 @@ def main(argv=None) -> int:
     }
     if args.skip_naive:
         del variants["naive shadow (full, no cache)"]
-    times = {}
-    for name, make in variants.items():
-        runs = []
-        for i in range(args.repeats + 1):
-            t = _step(w, batch, make())
-            if i:
-                runs.append(t)
-        times[name] = runs
-    # the float64 reference step, for context
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state
@@ -91,37 +84,49 @@ def main(argv=None) -> int:
     ref.model.to(torch.float64)
     widen_optimizer_state(ref.optimizer)
     rb = to_reference(batch)
-    runs = []
+    variants = [(name, w, batch, make) for name, make in variants.items()]
+    variants += [("float64 reference step", ref, rb, Widen64Mode),
+                 ("float64 reference step, traced (samples kept)", ref, rb,
+                  lambda: StepTracer(ref.model, "reference", max_elements=args.max_elements))]
+    # interleaved rounds (round 0 is the warm-up): background load hits every variant alike
+    times = {name: [] for name, *_ in variants}
     for i in range(args.repeats + 1):
-        ref.optimizer.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        with Widen64Mode():
-            loss = ref.forward_loss(rb)
-            loss.backward()
-        ref.optimizer.step()
-        if i:
-            runs.append(time.perf_counter() - t0)
-    times["float64 reference step"] = runs
-
+        for name, wl, b, make in variants:
+            t = _step(wl, b, make())
+            if i:
+                times[name].append(t)
     base = statistics.median(times["plain"])
+    base_min = min(times["plain"])
     rows, result = [], {}
     for name, runs in times.items():
         med = statistics.median(runs)
-        rows.append([name, f"{med:.3f}", f"{med / base:.2f}x", " ".join(f"{r:.3f}" for r in runs)])
-        result[name] = {"median_s": med, "ratio_to_plain": med / base, "runs_s": runs}
+        rows.append([name, f"{med:.3f}", f"{med / base:.2f}x", f"{min(runs):.3f}", f"{min(runs) / base_min:.2f}x",
+                     " ".join(f"{r:.3f}" for r in runs)])
+        result[name] = {"median_s": med, "ratio_to_plain": med / base, "min_s": min(runs),
+                        "min_ratio_to_plain": min(runs) / base_min, "runs_s": runs}
     print(f"{args.model}:{args.config} batch {args.batch_size}"
           + (f" x {args.seq_len} tokens" if args.model in ("gpt", "moe") else "")
           + f", {n_params / 1e6:.1f}M parameters, float32, {args.threads} CPU threads, "
           f"median of {args.repeats}, max_elements {args.max_elements}")
-    print(tabulate(rows, headers=["variant", "median s", "vs plain", "runs s"], tablefmt="github"))
+    print(tabulate(rows, headers=["variant", "median s", "vs plain", "min s", "min vs plain", "runs s"], tablefmt="github"))
+    ref_key = "float64 reference step, traced (samples kept)"
+    full = result["shadow + stats (ours)"]["median_s"] + result[ref_key]["median_s"]
+    full_min = result["shadow + stats (ours)"]["min_s"] + result[ref_key]["min_s"]
+    result["full comparison step (ours + traced reference)"] = {
+        "median_s": full, "ratio_to_plain": full / base, "min_s": full_min, "min_ratio_to_plain": full_min / base_min}
+    print(f"full comparison step (ours + traced reference): median {full:.3f} s ({full / base:.2f}x), "
+          f"min {full_min:.3f} s ({full_min / base_min:.2f}x)")
     ours = result["shadow + stats (ours)"]["ratio_to_plain"]
-    print(f"goal: shadow + stats <= 4x plain -> {ours:.2f}x ({'met' if ours <= 4 else 'NOT met'})")
+    ours_min = result["shadow + stats (ours)"]["min_ratio_to_plain"]
+    print(f"goal: shadow + stats <= 4x plain -> median {ours:.2f}x, min {ours_min:.2f}x "
+          f"({'met' if max(ours, ours_min) <= 4 else 'NOT met'}); on a shared machine the min is the "
+          "better estimate of uncontended cost")
     doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
            "repeats": args.repeats, "max_elements": args.max_elements, "parameters": n_params,
            "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-           "results": result, "goal_ratio": 4.0, "goal_met": ours <= 4.0}
+           "results": result, "goal_ratio": 4.0, "goal_met": max(ours, ours_min) <= 4.0}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
