@@ -21,6 +21,9 @@ SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "build", "dist", ".
                        ".eggs", "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                        ".ipynb_checkpoints"})
 CUDA_SUFFIXES = (".cu", ".cuh")
+#: larger sources are not read (generated code of this size is not hand-ported; reading it whole
+#: would cost the auditor hundreds of MB)
+MAX_SOURCE_BYTES = 16 * 2**20
 
 
 class AuditInputError(HalError):
@@ -43,6 +46,10 @@ def iter_sources(root: pathlib.Path) -> Iterator[pathlib.Path]:
 def read_python(path: pathlib.Path, display: str) -> tuple[str, ast.Module]:
     """Source text and syntax tree of ``path``; ``display`` is the name used in error messages."""
     try:
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:
+            raise AuditInputError(f"{display}: {size / 2**20:.0f} MiB, larger than the "
+                                  f"{MAX_SOURCE_BYTES // 2**20} MiB a static audit reads")
         data = path.read_bytes()
     except OSError as exc:
         raise AuditInputError(f"{display}: cannot read: {exc.strerror or exc}") from None
@@ -52,8 +59,12 @@ def read_python(path: pathlib.Path, display: str) -> tuple[str, ast.Module]:
         import io
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         source = data.decode(encoding)
-    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
-        raise AuditInputError(f"{display}: not valid Python source text ({type(exc).__name__})") from None
+    except UnicodeDecodeError as exc:
+        raise AuditInputError(f"{display}: not valid {exc.encoding} text (undecodable byte at offset {exc.start}); "
+                              "declare the file's encoding in a coding comment") from None
+    except (SyntaxError, LookupError) as exc:
+        raise AuditInputError(f"{display}: not UTF-8 text and no valid coding declaration "
+                              f"({' '.join(str(exc).split())[:120]})") from None
     if source.startswith("\ufeff"):
         source = source[1:]
     try:

@@ -198,6 +198,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         spec = json.load(f)
+    from hal.conformance.runtime.runner import apply_memory_limit
+    apply_memory_limit(spec.get("memory_limit_mb"))
     state = _State(spec)
     real_exit = os._exit
 

@@ -57,6 +57,24 @@ class _Tail:
         self._thread.join(timeout)
 
 
+def apply_memory_limit(limit_mb: Optional[float]) -> None:
+    """In a child: cap its data segment (heap and anonymous mappings, Linux >= 4.7) at ``limit_mb``.
+
+    An allocation past the cap fails inside the program (MemoryError / torch's "can't allocate
+    memory"), which the audit reports as the run's error instead of the machine swapping or the
+    OOM killer picking a victim. No-op where ``resource`` or RLIMIT_DATA is missing."""
+    if not limit_mb:
+        return
+    try:
+        import resource
+        cap = int(limit_mb * 2**20)
+        _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        soft = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
+
+
 def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name

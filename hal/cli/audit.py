@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-only", action="store_true", help="never import or execute the audited code")
     p.add_argument("--precision", action="store_true", help="compare the run against a float64 reference")
     p.add_argument("--profile", action="store_true", help="per-op time and memory on the target")
+    p.add_argument("--memory-limit", type=float, metavar="MB",
+                   help="cap the audited program's memory (heap and anonymous mappings) at MB megabytes; "
+                        "an allocation past it fails inside the program and the run is reported as an error")
     p.add_argument("--steps", type=int, metavar="N", help="stop after N optimizer steps / forward passes")
     p.add_argument("--timeout", type=float, metavar="SEC", help="bound on the audited program's run")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
@@ -74,6 +77,8 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
 
 def classify(target: str) -> tuple[str, str]:
     """(kind, path): kind is folder | script | func | model | onnx. Raises CliError for bad input."""
+    if os.path.islink(target) and not os.path.exists(target):
+        raise CliError(f"{target}: broken symbolic link or symbolic-link loop")
     if os.path.isdir(target):
         return "folder", target
     if os.path.isfile(target):
@@ -170,6 +175,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--steps must be a positive integer, not {args.steps}")
     if args.timeout is not None and not args.timeout > 0:
         raise CliError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    if args.memory_limit is not None and not args.memory_limit >= 64:
+        raise CliError(f"--memory-limit must be at least 64 (MB), not {args.memory_limit:g}")
     target = _target_info(args.device)
     kind, path = classify(args.target)
     if args.static_only and kind in ("model", "onnx"):
@@ -192,7 +199,8 @@ def handle(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
-                   "profile": bool(args.profile), "out": os.path.abspath(args.out)}
+                   "profile": bool(args.profile), "out": os.path.abspath(args.out),
+                   "memory_limit_mb": args.memory_limit}
         sections = _run_dynamic(request)
         run = dict(sections.get("run") or {})
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),

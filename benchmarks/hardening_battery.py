@@ -1,0 +1,190 @@
+"""The hardening battery: bad inputs and injected faults against the real `hal-audit` CLI.
+
+Each case states the documented exit code and what must survive: exit 2 cases print exactly one
+line on stderr and no traceback; every other case writes audit.json (plus md/html/sarif) whose
+run.status says what happened; no process the audited program started may outlive the audit.
+Prints a table and writes JSON; tests/test_hardening.py asserts the same table case by case.
+
+    python benchmarks/hardening_battery.py [--out out/hardening.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RT = ROOT / "tests" / "fixtures" / "runtime"
+HB = ROOT / "tests" / "fixtures" / "hardening"
+
+
+INPUT_NAMES = ("empty.py", "binary.py", "latin1.py", "syntax.py", "notpython.txt", "folder", "big.py", "loop_a",
+               "loop_b", "imports_missing.py", "raise_at_import.py", "noisy_megabytes.py")
+
+
+def make_inputs(tmp: Path, create: bool = True) -> dict[str, str]:
+    """Bad-input files in ``tmp`` (written when ``create``), by name."""
+    if not create:
+        return {n: str(tmp / n) for n in INPUT_NAMES}
+    (tmp / "empty.py").write_text("")
+    (tmp / "binary.py").write_bytes(bytes(range(256)) * 8)
+    (tmp / "latin1.py").write_bytes("x = 'caf\xe9'\n".encode("latin-1"))
+    (tmp / "syntax.py").write_text("import torch\ndef f(:\n    pass\n")
+    (tmp / "notpython.txt").write_text("hello")
+    (tmp / "folder").mkdir(exist_ok=True)
+    (tmp / "folder" / "a.py").write_text("import torch\nx = torch.ones(1).cuda()\n")
+    (tmp / "folder" / "broken.py").write_text("def (:\n")
+    big = tmp / "big.py"
+    with big.open("w") as f:
+        line = "y = torch.zeros(4, device='cuda')  # padding padding padding padding\n"
+        f.write("import torch\n" + line * (17 * 2**20 // len(line)))
+    for a, b in (("loop_a", "loop_b"), ("loop_b", "loop_a")):
+        if not (tmp / a).is_symlink():
+            os.symlink(tmp / b, tmp / a)
+    (tmp / "imports_missing.py").write_text("import torch\nimport no_such_module_hal_test\n")
+    (tmp / "raise_at_import.py").write_text("import torch\nraise RuntimeError('boom at import')\n")
+    (tmp / "noisy_megabytes.py").write_text("import sys\nfor i in range(200000):\n    print('x' * 60, i)\n")
+    return {n: str(tmp / n) for n in INPUT_NAMES}
+
+
+def cases(tmp: Path, create: bool = True) -> list[dict]:
+    f = make_inputs(tmp, create)
+    sentinel = str(tmp / "sentinel")
+    pidfile = str(tmp / "grandchild.pid")
+    mlu = ["--device", "mlu"]
+    return [
+        # kind "input": bad input; "fault": a program that fails on purpose
+        {"name": "missing path", "kind": "input", "args": [str(tmp / "nope.py"), *mlu], "exit": 2},
+        {"name": "folder with a broken file", "kind": "input", "args": [f["folder"], *mlu], "exit": 0},
+        {"name": "empty file", "kind": "input", "args": [f["empty.py"], *mlu, "--static-only"], "exit": 0},
+        {"name": "binary file", "kind": "input", "args": [f["binary.py"], *mlu], "exit": 2},
+        {"name": "non-UTF-8 file", "kind": "input", "args": [f["latin1.py"], *mlu], "exit": 2},
+        {"name": "very large file (17 MiB)", "kind": "input", "args": [f["big.py"], *mlu, "--static-only"], "exit": 2},
+        {"name": "syntax error", "kind": "input", "args": [f["syntax.py"], *mlu], "exit": 2, "stderr": "syntax.py:2"},
+        {"name": "not Python", "kind": "input", "args": [f["notpython.txt"], *mlu], "exit": 2},
+        {"name": "symlink loop", "kind": "input", "args": [f["loop_a"], *mlu], "exit": 2},
+        {"name": "unknown device", "kind": "input", "args": [f["empty.py"], "--device", "tpu9"], "exit": 2},
+        {"name": "unknown model", "kind": "input", "args": ["gpt9", *mlu], "exit": 2},
+        {"name": "bad --steps", "kind": "input", "args": [f["empty.py"], *mlu, "--steps", "0"], "exit": 2},
+        {"name": "--out is a file", "kind": "input", "args": [f["empty.py"], *mlu, "--out", f["notpython.txt"]], "exit": 2},
+        {"name": "imports a missing module", "kind": "fault", "args": [f["imports_missing.py"], *mlu], "exit": 3,
+         "status": "error"},
+        {"name": "raises at import", "kind": "fault", "args": [f["raise_at_import.py"], *mlu], "exit": 3,
+         "status": "error"},
+        {"name": "raises", "kind": "fault", "args": [str(RT / "crash_raise.py"), *mlu], "exit": 3, "status": "error"},
+        {"name": "sys.exit(3)", "kind": "fault", "args": [str(RT / "crash_sys_exit.py"), *mlu], "exit": 3,
+         "status": "error"},
+        {"name": "os._exit", "kind": "fault", "args": [str(RT / "crash_os_exit.py"), *mlu], "exit": 3,
+         "status": "crashed"},
+        {"name": "segfault", "kind": "fault", "args": [str(RT / "crash_segfault.py"), *mlu], "exit": 3,
+         "status": "crashed"},
+        {"name": "hang (--timeout 5)", "kind": "fault", "args": [str(RT / "crash_hang.py"), *mlu, "--timeout", "5"],
+         "exit": 3, "status": "timeout"},
+        {"name": "spawns a child, then hangs", "kind": "fault",
+         "args": [str(HB / "spawns_then_hangs.py"), *mlu, "--timeout", "8"], "exit": 3, "status": "timeout",
+         "env": {"HAL_TEST_PIDFILE": pidfile}, "pidfile": pidfile},
+        {"name": "exhausts memory (--memory-limit 1200)", "kind": "fault",
+         "args": [str(HB / "memory_hog.py"), "--device", "cpu", "--memory-limit", "1200"], "exit": 3,
+         "status": "error"},
+        {"name": "prints megabytes", "kind": "fault", "args": [f["noisy_megabytes.py"], *mlu], "exit": 0,
+         "status": "ok", "max_stdout": 20000},
+        {"name": "--static-only never executes", "kind": "fault",
+         "args": [str(HB / "static_sentinel.py"), *mlu, "--static-only"], "exit": 0, "sentinel": sentinel,
+         "env": {"HAL_TEST_SENTINEL": sentinel}},
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def run_case(case: dict, tmp: Path) -> dict:
+    out = tmp / ("out_" + "".join(c if c.isalnum() else "_" for c in case["name"]))
+    args = list(case["args"])
+    if "--out" not in args:
+        args += ["--out", str(out)]
+    exe = Path(sys.executable).parent / "hal-audit"
+    env = {**os.environ, **case.get("env", {})}
+    env.pop("HAL_BACKEND", None)
+    t0 = time.monotonic()
+    p = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600)
+    res = {"name": case["name"], "kind": case["kind"], "exit": p.returncode, "expected_exit": case["exit"],
+           "seconds": round(time.monotonic() - t0, 2), "problems": []}
+    prob = res["problems"]
+    if p.returncode != case["exit"]:
+        prob.append(f"exit {p.returncode}, expected {case['exit']}: {p.stderr.strip()[-300:]}")
+    if "Traceback" in p.stderr:
+        prob.append("traceback on stderr")
+    if case["exit"] == 2:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        if len(lines) != 1 or not lines[0].startswith("hal-audit: error: "):
+            prob.append(f"stderr is not one error line: {p.stderr[-300:]!r}")
+        if case.get("stderr") and case["stderr"] not in p.stderr:
+            prob.append(f"stderr lacks {case['stderr']!r}")
+        res["message"] = lines[0] if lines else ""
+    else:
+        report = out / "audit.json"
+        if not report.is_file():
+            prob.append("no audit.json written")
+        else:
+            doc = json.loads(report.read_text())
+            res["run_status"] = doc["run"]["status"]
+            if case.get("status") and doc["run"]["status"] != case["status"]:
+                prob.append(f"run.status {doc['run']['status']}, expected {case['status']}")
+            for name in ("audit.md", "audit.html", "audit.sarif"):
+                if not (out / name).is_file():
+                    prob.append(f"no {name}")
+    if case.get("max_stdout") and len(p.stdout) > case["max_stdout"]:
+        prob.append(f"stdout is {len(p.stdout)} characters")
+    if case.get("sentinel") and os.path.exists(case["sentinel"]):
+        prob.append("the program was executed under --static-only")
+    if case.get("pidfile"):
+        pid_path = Path(case["pidfile"])
+        if not pid_path.is_file():
+            prob.append("the grandchild never started")
+        else:
+            pid = int(pid_path.read_text())
+            time.sleep(0.5)
+            if _alive(pid):
+                prob.append(f"grandchild {pid} outlived the audit")
+                os.kill(pid, 9)
+    res["survived"] = not prob
+    return res
+
+
+def main() -> None:
+    from tabulate import tabulate
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/hardening.json")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hal-hardening-") as d:
+        tmp = Path(d)
+        results = [run_case(c, tmp) for c in cases(tmp)]
+    print(tabulate([[r["kind"], r["name"], r["exit"], r.get("run_status", "-"), "yes" if r["survived"] else "NO",
+                     "; ".join(r["problems"])[:80]] for r in results],
+                   headers=["kind", "case", "exit", "run.status", "survived", "problem"]))
+    n_in = sum(r["kind"] == "input" for r in results)
+    n_fault = len(results) - n_in
+    ok = sum(r["survived"] for r in results)
+    print(f"bad inputs tried: {n_in}, faults injected: {n_fault}, survived with nothing lost: {ok}/{len(results)}")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    Path(a.out).write_text(json.dumps({"results": results, "survived": ok, "total": len(results)}, indent=2))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
