@@ -80,7 +80,9 @@ class PrecisionResult:
         fd = self.first_divergence
         if fd:
             lines.append(f"- first divergence ({fd['kind']}): module `{fd['module']}`, op `{fd['op']}` "
-                         f"({fd['phase']}), {fd['metric']} = {fd['value']} > {fd['threshold']}")
+                         f"({fd['phase']}), {fd['metric']} = {fd['value']} vs threshold {fd['threshold']}"
+                         f"; inputs within tolerance: {fd['inputs_within']}; measured against the "
+                         f"{fd['compared_against']}")
         else:
             lines.append("- first divergence: none (every op within its threshold)")
         if self.drift:
