@@ -426,7 +426,9 @@ def compare_workload(workload: Any, device="cpu", dtype: torch.dtype = torch.flo
         w.build(dev, dtype, seed=seed)
         disable_dropout(w.model)
         w.model.train()
-        ref_w = copy.deepcopy(w)
+        # share (do not copy) the HAL backend object: it may hold device handles or modules
+        memo = {id(v): v for k, v in vars(w).items() if k in ("backend", "comm") and v is not None}
+        ref_w = copy.deepcopy(w, memo)
         ref_w.model.to(_REF_DEVICE, torch.float64)
         widen_optimizer_state(ref_w.optimizer)
         for attr, val in (("device", _REF_DEVICE), ("dtype", torch.float64)):
