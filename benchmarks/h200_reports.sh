@@ -30,7 +30,7 @@ fi
 $PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 99; }
 HAL=$(dirname "$(command -v $PY)")/hal; [ -x "$HAL" ] || HAL="$PY -m hal.cli.main"
 $PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$R/env.json"
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader >> "$R/env.json.gpus" 2>&1
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$R/gpus.csv" 2>&1
 
 if want models; then
   step "models on cuda"

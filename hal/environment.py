@@ -17,18 +17,21 @@ from typing import Optional
 
 
 def git_commit(path: Optional[Path] = None) -> str:
-    """The commit of the checkout HAL runs from (``+dirty`` when it has local changes), or ``"unknown"``."""
+    """The commit of the checkout HAL runs from (``+dirty`` when it has local changes); ``$HAL_COMMIT``
+    when set (a copy of the tree without its git folder, e.g. on a lent GPU machine); else ``"unknown"``."""
+    if os.environ.get("HAL_COMMIT"):
+        return os.environ["HAL_COMMIT"]
     where = path or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        if not sha:
-            return os.environ.get("HAL_COMMIT", "unknown")
+        if len(sha) != 40 or any(c not in "0123456789abcdef" for c in sha):
+            return "unknown"
         dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except Exception:
-        return os.environ.get("HAL_COMMIT", "unknown")
+        return "unknown"
 
 
 def cpu_name() -> str:
