@@ -48,7 +48,7 @@ fi
 if want precision; then
   step "precision: cuda against float64"
   for m in gpt cnn moe; do
-    run 150 $PY -m hal.conformance.precision --model $m --device cuda --steps 3 --checkpoint-to cpu --out "$R/precision-cuda-$m.json"
+    run 150 $PY -m hal.conformance.precision --model $m --device cuda --steps 3 --calibrate-with cpu --checkpoint-to cpu --out "$R/precision-cuda-$m.json"
   done
   run 150 $PY -m hal.conformance.precision --model gpt --device cuda --autocast bfloat16 --steps 3 --out "$R/precision-cuda-gpt-autocast-bf16.json"
 fi

@@ -120,7 +120,8 @@ class MoeMlp(nn.Module):
         else:
             ys = self._expert_parallel(xs, counts)
         weights = top_w.reshape(-1)[order].to(ys.dtype).unsqueeze(1)
-        out = torch.zeros_like(xt).scatter_add(0, token_of.unsqueeze(1).expand(-1, h), ys * weights)
+        # under autocast the experts' outputs are in the autocast dtype: combine in that dtype
+        out = torch.zeros_like(xt, dtype=ys.dtype).scatter_add(0, token_of.unsqueeze(1).expand(-1, h), ys * weights)
         return out.view(shape)
 
     def _expert_parallel(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
