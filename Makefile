@@ -25,6 +25,7 @@ demo: setup
 	$(VENV)/bin/hal-audit examples/cuda_train.py --device mlu --fix --out $(OUT)
 
 test: setup
+	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
 	$(PY) -m pytest -q
 
 lint: setup

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         for _ in range(args.trials):
             for name, fn in paths.items():
                 dist.barrier()
-                samples[name].append(_time_ms(lambda: fn(t), args.iters))
+                samples[name].append(_time_ms(lambda fn=fn, t=t: fn(t), args.iters))
         for name, ms in samples.items():
             med = statistics.median(ms)
             alg = mib * MiB / (med / 1e3)

@@ -96,7 +96,7 @@ def _rank_cases(comm: Any, backend: Any, dtypes: tuple[str, ...], n: int) -> lis
                 continue
             x = _inputs(rank, ws, case, n, op, dtype).to(dev)
             try:
-                out, sec = timed(lambda: comm.all_reduce(x, op))
+                out, sec = timed(lambda x=x, op=op: comm.all_reduce(x, op))
                 e = _err(out, _expected_reduce(ws, case, n, op, dtype))
                 rows.append(Row("all_reduce", dname, op, "pass" if e == 0 else "fail", e, sec))
             except Exception as exc:
@@ -105,23 +105,23 @@ def _rank_cases(comm: Any, backend: Any, dtypes: tuple[str, ...], n: int) -> lis
         case += 1
         x = _inputs(rank, ws, case, n, "sum", dtype).to(dev)
         want = torch.stack([_inputs(r, ws, case, n, "sum", dtype) for r in range(ws)])
-        rows.append(_check(lambda: comm.all_gather(x), want, timed, "all_gather", dname, "-"))
+        rows.append(_check(lambda x=x: comm.all_gather(x), want, timed, "all_gather", dname, "-"))
         # reduce_scatter (sum): dim 0 of ws * n
         case += 1
         x = _inputs(rank, ws, case, ws * n, "sum", dtype).to(dev)
         want = _expected_reduce(ws, case, ws * n, "sum", dtype).chunk(ws)[rank]
-        rows.append(_check(lambda: comm.reduce_scatter(x, "sum"), want, timed, "reduce_scatter", dname, "sum"))
+        rows.append(_check(lambda x=x: comm.reduce_scatter(x, "sum"), want, timed, "reduce_scatter", dname, "sum"))
         # broadcast from the last rank
         case += 1
         src = ws - 1
         x = _inputs(rank, ws, case, n, "sum", dtype).to(dev)
         want = _inputs(src, ws, case, n, "sum", dtype)
-        rows.append(_check(lambda: comm.broadcast(x, src), want, timed, "broadcast", dname, f"src={src}"))
+        rows.append(_check(lambda x=x, src=src: comm.broadcast(x, src), want, timed, "broadcast", dname, f"src={src}"))
         # all_to_all: rank r sends chunk j to rank j
         case += 1
         x = _inputs(rank, ws, case, ws * n, "sum", dtype).to(dev)
         want = torch.cat([_inputs(r, ws, case, ws * n, "sum", dtype).chunk(ws)[rank] for r in range(ws)])
-        rows.append(_check(lambda: comm.all_to_all(x), want, timed, "all_to_all", dname, "-"))
+        rows.append(_check(lambda x=x: comm.all_to_all(x), want, timed, "all_to_all", dname, "-"))
     try:
         _, sec = timed(comm.barrier)
         rows.append(Row("barrier", "-", "-", "pass", 0.0, sec))

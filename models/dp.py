@@ -6,7 +6,7 @@
 Every rank builds the workload from the same seed (rank 0's parameters are then broadcast), takes
 its equal slice of the *global* batch (``--global-batch``, default ``config.batch_size x world``),
 runs forward and backward, averages the gradients with one flat ``Communicator.all_reduce(AVG)``
-(gloo on the CPU, the backend's engine — NCCL, CNCL — elsewhere; ``NCCL_NVLS_ENABLE=0`` is set
+(gloo on the CPU, the backend's engine — NCCL, CNCL — elsewhere; the CUDA backend sets ``NCCL_NVLS_ENABLE=0``
 unless already set) and steps the optimizer. Each rank uses the device ``$LOCAL_RANK``.
 
 Reported by rank 0 (``--out`` JSON and a table): median step time TN (the slowest rank per step),
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -99,8 +98,6 @@ def run(args: argparse.Namespace) -> Optional[dict]:
         backend = hal.get_backend(args.device)
     except hal.HalError as exc:
         raise CliError(str(exc)) from None
-    if backend.dist_backend == "nccl":
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     comm = Communicator.init(backend, timeout_s=args.timeout)
     try:
         return _run(args, comm, get_workload, measure_peak)

@@ -65,8 +65,6 @@ def handle(args: argparse.Namespace) -> int:
         backend = hal.get_backend(args.device)
     except hal.HalError as exc:
         raise CliError(str(exc)) from None
-    if backend.dist_backend == "nccl":
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.makedirs(args.out, exist_ok=True)
     with Communicator.init(backend) as comm:
         try:

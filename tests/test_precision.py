@@ -94,7 +94,8 @@ def test_markdown_summary_names_the_blamed_op():
 
 
 def test_sampling_compares_a_fixed_subset_and_agrees_with_full():
-    lin = lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    def lin():
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     x = torch.randn(128, 64)
     full = compare_module(lin, x, sample=False)
     samp = compare_module(lin, x, max_elements=2048)

@@ -5,7 +5,7 @@ Pure functions on two equal-length loss lists; thread-safe.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 
 def drift_stats(target: Sequence[float], reference: Sequence[float]) -> Dict[str, object]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_map

@@ -26,7 +26,7 @@ Everything here is pure data and pure functions (thread-safe).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 

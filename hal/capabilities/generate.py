@@ -95,7 +95,7 @@ def build_mlu(kernels: str, api: str, env: str, argv: Sequence[str]) -> dict:
         native.setdefault(ns, []).append(normalize_op(f"{ns}::{op}") if ns == "aten" else f"{ns}::{op}")
     api_support: dict[str, dict] = {}
     counts = {"rows": len(a_rows), "true": 0, "false": 0, "limitation_notes": 0}
-    for section, name, supported, note in a_rows:
+    for _section, name, supported, note in a_rows:
         if supported not in ("true", "false"):
             raise InputError(f"{api}: SUPPORTED must be true/false, got {supported!r} for {name}")
         counts[supported] += 1
