@@ -168,7 +168,7 @@ class MluBackend(Backend):
     def profiler_activities(self) -> list:
         """``[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]`` (torch_mlu's MLU activity)."""
         from torch.profiler import ProfilerActivity
-        return [ProfilerActivity.CPU, getattr(ProfilerActivity, "PrivateUse1")]
+        return [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
     # ---- data ---------------------------------------------------------------------------------
     @classmethod
