@@ -6,7 +6,7 @@
 Every rank builds the workload from the same seed (rank 0's parameters are then broadcast), takes
 its equal slice of the *global* batch (``--global-batch``, default ``config.batch_size x world``),
 runs forward and backward, averages the gradients with one flat ``Communicator.all_reduce(AVG)``
-(gloo on the CPU, the backend's engine — NCCL, CNCL — elsewhere; the CUDA backend sets ``NCCL_NVLS_ENABLE=0``
+(gloo on the CPU, the backend's engine — NCCL, CNCL — elsewhere; the NCCL-based backend plugin sets ``NCCL_NVLS_ENABLE=0``
 unless already set) and steps the optimizer. Each rank uses the device ``$LOCAL_RANK``.
 
 Reported by rank 0 (``--out`` JSON and a table): median step time TN (the slowest rank per step),
