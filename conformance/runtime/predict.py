@@ -101,7 +101,9 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
                     "modules": [], "shapes": fb["shapes"], "device_type": fb["device_type"],
                     "calls_per_step": round(fb["calls"] / per_step, 3),
                     "bytes_per_step": int(fb["bytes"] / per_step), "dtype_notes": dtype_notes(backend, fb["dtypes"], []),
-                    "verified": True, "source": "hal.ops"})
+                    # measured only when the run happened on the target device itself
+                    "verified": measured is not None and fb["device_type"] == measured["device_type"],
+                    "source": "hal.ops"})
     out.sort(key=lambda o: (_severity(o["status"]), -o["bytes_per_step"], -o["count"], o["op"],
                             PHASE_ORDER.index(o["phase"]) if o["phase"] in PHASE_ORDER else 9))
     return out
