@@ -84,13 +84,12 @@ class CpuBackend(Backend):
         rss = int(proc.memory_info().rss)
         vm = psutil.virtual_memory()
         with self._peak_lock:
-            peak = max(_rss_peak_bytes(), rss) if not self._peak_base else max(rss, self._peak_seen(rss))
+            if CpuBackend._peak_base:  # after a reset: the high-water mark of the RSS sampled since
+                CpuBackend._peak_base = peak = max(CpuBackend._peak_base, rss)
+            else:
+                peak = max(_rss_peak_bytes(), rss)
         return MemoryStats(allocated=rss, reserved=rss, peak=peak, total=int(vm.total), free=int(vm.available),
                            source="process RSS (psutil); peak from getrusage until reset, then sampled")
-
-    def _peak_seen(self, rss: int) -> int:
-        CpuBackend._peak_base = max(CpuBackend._peak_base, rss)
-        return CpuBackend._peak_base
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:
         import psutil

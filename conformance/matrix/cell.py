@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from hal.conformance.matrix.runner import INJECT_ENV
-from hal.conformance.matrix.schema import Cell
+from hal.conformance.matrix.schema import OP_STATUS_ORDER, Cell
 
 
 def _inject(cell: Cell) -> None:
@@ -100,8 +100,7 @@ def evaluate(req: dict) -> Cell:
     cell.ops = {}
     for o in ops:
         cur = cell.ops.get(o["op"])
-        order = ("native", "composite", "unknown", "fallback", "unsupported")
-        if cur is None or order.index(o["status"]) > order.index(cur):
+        if cur is None or OP_STATUS_ORDER.index(o["status"]) > OP_STATUS_ORDER.index(cur):
             cell.ops[o["op"]] = o["status"]
     fallback = sorted(op for op, st in cell.ops.items() if st == "fallback")
     unsupported = sorted(op for op, st in cell.ops.items() if st == "unsupported")

@@ -11,6 +11,9 @@ from typing import Any, Optional
 
 SCHEMA = "hal-compat-matrix/1"
 
+#: op statuses from best to worst (a cell keeps an op's worst status across phases)
+OP_STATUS_ORDER = ("native", "composite", "unknown", "fallback", "unsupported")
+
 #: every status a cell can have, best first
 STATUSES = ("pass", "pass-with-fallback", "precision-fail", "fail", "crashed", "timeout", "not-run")
 
@@ -51,7 +54,7 @@ def document(cells: list[Cell], collectives: list[dict], environments: list[dict
     """The JSON document for a set of cells (cells sorted, per-op matrix derived from them)."""
     cells = sorted(cells, key=lambda c: c.key)
     per_op: dict[str, dict[str, str]] = {}
-    rank = {"native": 0, "composite": 1, "unknown": 2, "fallback": 3, "unsupported": 4}
+    rank = {st: i for i, st in enumerate(OP_STATUS_ORDER)}
     for c in cells:
         for op, st in c.ops.items():
             cur = per_op.setdefault(op, {}).get(c.backend)

@@ -163,6 +163,16 @@ class Shadow:
         return out, ref, "full"
 
     # -- sampled variants -------------------------------------------------------------------
+    def _sampled_rows(self, out: torch.Tensor, device: torch.device):
+        """Rows of ``out`` (viewed as [n_rows, last]) to compare: ``(rows, rows on device, n_rows,
+        last)``, or None when ``out`` is small enough to compare whole."""
+        last = out.shape[-1]
+        n_rows = out.numel() // max(1, last)
+        rows = _rows(n_rows, last, self.max_elements)
+        if rows is None:
+            return None
+        return rows, rows.to(device), n_rows, last
+
     def _sampled(self, func, name, args, kwargs, out):
         c = self.cache
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
@@ -188,24 +198,20 @@ class Shadow:
             return out[:, r_dev][:, :, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
             g, o = args[0], args[1]
-            last = out.shape[-1]
-            n_rows = out.numel() // max(1, last)
-            rows = _rows(n_rows, last, self.max_elements)
-            if rows is None:
+            sel = self._sampled_rows(out, out.device)
+            if sel is None:
                 return None
-            r_dev = rows.to(out.device)
+            rows, r_dev, n_rows, last = sel
             gs = g.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
             os_ = o.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
             ref = func(gs, os_, -1, _F64)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
             x = args[0]
-            last = out.shape[-1]
-            n_rows = out.numel() // max(1, last)
-            rows = _rows(n_rows, last, self.max_elements)
-            if rows is None:
+            sel = self._sampled_rows(out, x.device)
+            if sel is None:
                 return None
-            r_dev = rows.to(x.device)
+            rows, r_dev, n_rows, last = sel
             xs = x.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
             ref = func(xs, -1, False)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
