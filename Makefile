@@ -5,9 +5,11 @@ PY     := $(VENV)/bin/python
 # torch: these machines install 2.13.0 from a local file; bring your own build with TORCH_SPEC
 # (e.g. TORCH_SPEC="torch==2.4.1") or install torch into the venv first and set TORCH_SPEC="".
 TORCH_SPEC ?= torch==2.13.0
+# The torch that torch_mlu r2.4 pairs with: `make test-torch24` runs the whole suite on it in its own venv.
+TORCH24_SPEC ?= torch==2.4.1
 OUT    ?= out/demo
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test test-torch24 bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +30,12 @@ test: setup
 	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
 	$(PY) -m pytest -q
 
+# The suite again on torch 2.4 (PyPI's 2.4.1 is a CUDA build that runs on the CPU; about 5 GB in .venv-torch24).
+test-torch24:
+	$(MAKE) VENV=.venv-torch24 TORCH_SPEC="$(TORCH24_SPEC)" test
+
 lint: setup
 	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) .venv-torch24 out .pytest_cache

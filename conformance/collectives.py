@@ -15,11 +15,13 @@ import os
 import socket
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 DTYPES = ("float32", "bfloat16", "float16", "int64")
+#: seconds every rank gets, after all have answered, to leave its process group and exit by itself
+TEARDOWN_GRACE_S = 30.0
 REDUCE_OPS = ("sum", "max", "min", "avg", "product")
 
 
@@ -145,25 +147,39 @@ def _check(fn, want, timed, coll, dname, op) -> Row:
 
 
 def run_rank(device: str, rank: int, world_size: int, init_method: Optional[str], timeout_s: float,
-             dtypes: tuple[str, ...] = DTYPES, n: int = 64) -> list[Row]:
-    """Run every case as ``rank``; returns this rank's rows. Raises on rendezvous failure."""
+             dtypes: tuple[str, ...] = DTYPES, n: int = 64,
+             report: Optional[Callable[[list[Row]], None]] = None) -> list[Row]:
+    """Run every case as ``rank``; returns this rank's rows. Raises on rendezvous failure.
+
+    ``report`` (if given) receives the rows before the communicator is torn down, so that a
+    teardown that hangs or crashes can never lose the results."""
     from hal.collectives import Communicator
     from hal.discovery import get_backend
     backend = get_backend(device)
     comm = Communicator.init(backend, rank=rank, world_size=world_size, init_method=init_method,
                              timeout_s=timeout_s)
     try:
-        return _rank_cases(comm, backend, dtypes, n)
+        rows = _rank_cases(comm, backend, dtypes, n)
+        if report is not None:
+            report(rows)
+        return rows
     finally:
         comm.close()
 
 
 def _worker(device, rank, ws, init_method, timeout_s, dtypes, queue):  # pragma: no cover - child process
-    try:
-        rows = run_rank(device, rank, ws, init_method, timeout_s, dtypes)
+    reported = False
+
+    def report(rows: list[Row]) -> None:
+        nonlocal reported
         queue.put((rank, [r.as_dict() for r in rows], None))
+        reported = True
+
+    try:
+        run_rank(device, rank, ws, init_method, timeout_s, dtypes, report=report)
     except BaseException as exc:
-        queue.put((rank, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+        if not reported:
+            queue.put((rank, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
 
 
 def merge(per_rank: dict[int, list[dict]]) -> list[Row]:
@@ -212,9 +228,14 @@ def run(device: str, world_size: int, timeout_s: float = 120.0, dtypes: tuple[st
             results[rank] = rows
         else:
             errors[rank] = err
-    for p in procs:
-        p.join(timeout=5)
+    # Every rank answered (or the deadline passed): each must now leave its process group and exit
+    # by itself. One that does not is killed and reported, since a real program would hang there too.
+    exit_deadline = time.monotonic() + TEARDOWN_GRACE_S
+    stuck = []
+    for r, p in enumerate(procs):
+        p.join(timeout=max(0.0, exit_deadline - time.monotonic()))
         if p.is_alive():
+            stuck.append(r)
             p.kill()
             p.join()
     missing = [r for r in range(world_size) if r not in results and r not in errors]
@@ -222,4 +243,9 @@ def run(device: str, world_size: int, timeout_s: float = 120.0, dtypes: tuple[st
         why = "; ".join([f"rank {r}: {e.splitlines()[0]}" for r, e in sorted(errors.items())]
                         + [f"rank {r}: no answer (exit code {procs[r].exitcode})" for r in missing])
         return [Row("setup", "-", "-", "fail", float("inf"), 0.0, why)]
-    return merge(results)
+    rows = merge(results)
+    answered_stuck = [r for r in stuck if r in results]
+    rows.append(Row("teardown", "-", "-", "fail" if answered_stuck else "pass", 0.0, 0.0,
+                    f"rank(s) {answered_stuck} did not exit within {TEARDOWN_GRACE_S:g} s after answering "
+                    "(killed)" if answered_stuck else ""))
+    return rows
