@@ -54,15 +54,19 @@ def check_number(option: str, value, *, minimum=None, maximum=None, above=None, 
               and (above is None or value > above))
     if ok:
         return
+    def num(x) -> str:
+        return str(int(x)) if isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer() \
+            and abs(x) < 1e15 else f"{x:g}"
+
     bounds = []
     if above is not None:
-        bounds.append(f"> {above:g}")
-    if minimum is not None:
-        bounds.append(f"at least {minimum:g}")
+        bounds.append(f"> {num(above)}")
+    if minimum is not None and not (what.startswith("a positive") and minimum == 1):
+        bounds.append(f"at least {num(minimum)}")
     if maximum is not None:
-        bounds.append(f"at most {maximum:g}")
+        bounds.append(f"at most {num(maximum)}")
     kind = what or ("an integer" if integer else "a finite number")
-    shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
+    shown = num(value) if isinstance(value, (int, float)) else repr(value)
     raise CliError(f"{option} must be {kind} {' and '.join(bounds)}, not {shown}".replace("  ", " "))
 
 
