@@ -170,7 +170,8 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
         {"name": "hostile plugins: hal backends --format json", "kind": "fault", "prog": "hal",
          "args": ["backends", "--format", "json"], "exit": 0, "plugins": True, "json_backends": {
              "hangprobe": "probe timed out after", "hangimport": "plugin import timed out after",
-             "exitprobe": "probe exited the process with code 1", "sysexitprobe": "probe raised SystemExit: 3"}},
+             "exitprobe": "probe exited the process with code 1", "sysexitprobe": "probe raised SystemExit: 3",
+             "printer": "plugin wrote to stdout while imported or probed"}},
         {"name": "hostile plugins: hal-audit x.py --device cpu", "kind": "fault",
          "args": [f["ok.py"], "--device", "cpu"], "exit": 0, "status": "ok", "plugins": True},
     ]

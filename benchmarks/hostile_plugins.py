@@ -12,6 +12,8 @@ hal-exitprobe       exitprobe      ``probe()`` calls ``os._exit(1)``
 hal-sysexitprobe    sysexitprobe   ``probe()`` raises ``SystemExit(3)``
 hal-printer         printer        prints to stdout (Python and C level) at import and in probe;
                                    otherwise a working plugin at priority -1
+hal-chatty          chatty         a working plugin at priority -1 that prints to stdout when
+                                   instantiated (after its probe)
 hal-evilcpu         cpu            a second plugin named ``cpu``
 ==================  =============  ==========================================================
 """
@@ -71,6 +73,19 @@ class Plugin(CpuBackend):
     def probe(cls):
         print("PRINTER PLUGIN SAYS HELLO IN PROBE")
         return Availability.ok("printer test plugin (host memory)")
+"""),
+    "chatty": ("hal-chatty", _CPU_BASE + """
+class Plugin(CpuBackend):
+    name = "chatty"
+    priority = -1
+
+    def __init__(self):
+        print("CHATTY PLUGIN SAYS HELLO WHEN INSTANTIATED")
+        super().__init__()
+
+    @classmethod
+    def probe(cls):
+        return Availability.ok("chatty test plugin (host memory)")
 """),
     "cpu": ("hal-evilcpu", _CPU_BASE + """
 class Plugin(CpuBackend):

@@ -8,8 +8,10 @@ Contract:
 - The bound applies to plugin code: each child has ``timeout`` seconds from the moment it has
   imported ``hal`` (and torch) until it has answered; start-up itself gets a fixed allowance of
   :data:`STARTUP_ALLOWANCE_S`. A child past its bound is killed with its whole process group.
-- What a plugin prints (stdout or stderr, Python or C level) goes into the child's log file and
-  from there to this module's logger at DEBUG level -- never to the caller's stdout.
+- What a plugin prints (stdout or stderr, Python or C level) goes into the child's files and from
+  there to this module's logger at DEBUG level -- never to the caller's stdout. A plugin that writes
+  to stdout while imported or probed is listed unavailable ("plugin wrote to stdout while imported
+  or probed ..."): loaded in-process it would corrupt the output of ``--format json``.
 - Outcomes become reasons: ``plugin import timed out after 10 s``, ``probe timed out after 10 s``,
   ``probe exited the process with code 1``, ``probe was killed by signal SIGSEGV``,
   ``probe raised SystemExit: 3``, ``plugin failed to import: ImportError: ...``.
@@ -218,34 +220,35 @@ def _read_phase(path: Path) -> tuple[str, Optional[float]]:
 
 
 def _run_children(specs: list[PluginSpec], timeout: float) -> dict[PluginSpec, ProbeRecord]:
-    out: dict[PluginSpec, ProbeRecord] = {}
+    results: dict[PluginSpec, ProbeRecord] = {}
     with tempfile.TemporaryDirectory(prefix="hal-probe-") as tmp:
         running = []
         for i, spec in enumerate(specs):
             d = Path(tmp) / str(i)
             d.mkdir()
             log = open(d / "log", "wb")
+            out = open(d / "stdout", "wb")
             env = {**os.environ, "HAL_PROBE_CHILD": "1", "PYTHONUNBUFFERED": "1"}
             try:
                 proc = subprocess.Popen([sys.executable, "-m", "hal.plugin_probe", spec.name, spec.target, str(d)],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                         env=env, start_new_session=True)
             except OSError as exc:
-                out[spec] = ProbeRecord(False, f"probe could not start: {exc}")
-                log.close()
+                results[spec] = ProbeRecord(False, f"probe could not start: {exc}")
                 continue
             finally:
-                pass
-            running.append((spec, proc, d, log, time.monotonic()))
+                log.close()
+                out.close()
+            running.append((spec, proc, d, time.monotonic()))
         while running:
             now = time.monotonic()
             still = []
-            for spec, proc, d, log, t0 in running:
+            for spec, proc, d, t0 in running:
                 rc = proc.poll()
                 phase, ready = _read_phase(d / "phase")
                 deadline = (ready + timeout) if ready is not None else (t0 + STARTUP_ALLOWANCE_S + timeout)
                 if rc is None and now < deadline:
-                    still.append((spec, proc, d, log, t0))
+                    still.append((spec, proc, d, t0))
                     continue
                 timed_out = rc is None
                 if timed_out:
@@ -255,22 +258,26 @@ def _run_children(specs: list[PluginSpec], timeout: float) -> dict[PluginSpec, P
                         os.killpg(proc.pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                log.close()
-                out[spec] = _finish(spec, d, phase, rc, timed_out, timeout)
+                results[spec] = _finish(spec, d, phase, rc, timed_out, timeout)
             running = still
             if running:
                 time.sleep(0.02)
-    return out
+    return results
 
 
 def _finish(spec: PluginSpec, d: Path, phase: str, rc: Optional[int], timed_out: bool,
             timeout: float) -> ProbeRecord:
-    try:
-        text = (d / "log").read_bytes().decode("utf-8", "replace")
-    except OSError:
-        text = ""
-    if text.strip():
-        LOG.debug("output of backend plugin %s (%s) while probing:\n%s", spec.name, spec.target, text[-4000:])
+    def read(name: str) -> bytes:
+        try:
+            return (d / name).read_bytes()
+        except OSError:
+            return b""
+
+    stdout, log = read("stdout"), read("log")
+    for what, data in (("stdout", stdout), ("stderr", log)):
+        if data.strip():
+            LOG.debug("%s of backend plugin %s (%s) while probing:\n%s", what, spec.name, spec.target,
+                      data[-4000:].decode("utf-8", "replace"))
     result = None
     if not timed_out and rc == 0:
         try:
@@ -278,7 +285,14 @@ def _finish(spec: PluginSpec, d: Path, phase: str, rc: Optional[int], timed_out:
         except (OSError, ValueError):
             result = None
     if result is not None:
-        return _record_from(result)
+        rec = _record_from(result)
+        early = stdout[:int(result.get("stdout_bytes") or 0)]
+        if rec.available and early.strip():  # it would corrupt the stdout of any command that loads it
+            shown = " ".join(early.decode("utf-8", "replace").split())[:80]
+            return dataclasses.replace(rec, available=False, devices=[],
+                                       reason=f"plugin wrote to stdout while imported or probed ({len(early)} "
+                                              f"bytes: {shown!r}); a backend must keep stdout clean")
+        return rec
     return ProbeRecord(False, _outcome(phase, rc, timed_out, timeout))
 
 
@@ -359,6 +373,8 @@ def _child(name: str, target: str, folder: str) -> None:  # pragma: no cover - r
         except BaseException as exc:
             traceback.print_exc()
             rec.update(available=False, reason=f"probe raised {describe(exc)}")
+        sys.stdout.flush()
+        rec["stdout_bytes"] = os.fstat(1).st_size  # what import and probe wrote to stdout
         phase("versions")
         try:
             rec["versions"] = {str(k): str(v) for k, v in dict(obj.versions()).items()}

@@ -189,14 +189,17 @@ def test_hostile_plugins_listed_unavailable_with_reasons_json_stays_valid(hostil
     hal_bin = Path(sys.executable).parent / "hal"
     r = _run([str(hal_bin), "backends", "--format", "json"], env)
     assert r.returncode == 0, r.stderr
-    assert "PRINTER" not in r.stdout  # the plugin's prints (Python and fd 1) went to the log
+    assert not [ln for ln in r.stdout.splitlines() if "PRINTER" in ln and '"reason"' not in ln]  # no raw print
     rows = {b["name"]: b for b in json.loads(r.stdout)["backends"]}
     assert rows["hangprobe"]["reason"] == "probe timed out after 3 s" and not rows["hangprobe"]["available"]
     assert rows["hangimport"]["reason"] == "plugin import timed out after 3 s"
     assert rows["exitprobe"]["reason"] == "probe exited the process with code 1"
     assert rows["sysexitprobe"]["reason"] == "probe raised SystemExit: 3"
-    assert rows["printer"]["available"] and rows["printer"]["isolated"] and rows["printer"]["devices"]
+    assert not rows["printer"]["available"] and rows["printer"]["isolated"] and not rows["printer"]["devices"]
+    assert rows["printer"]["reason"].startswith("plugin wrote to stdout while imported or probed (")
+    assert "PRINTER PLUGIN SAYS HELLO AT IMPORT" in rows["printer"]["reason"]
     assert rows["printer"]["distribution"] == "hal-printer" and rows["printer"]["version"] == "0.0.1"
+    assert rows["chatty"]["available"] and rows["chatty"]["devices"] and "CHATTY" not in r.stdout
     cpu = rows["cpu"]
     assert cpu["available"] and cpu["distribution"] == "hal-portability" and "host CPU" in cpu["reason"]
     assert not cpu["isolated"] and cpu["priority"] == 0
@@ -234,6 +237,8 @@ def test_hostile_plugins_never_run_in_the_hal_process(hostile_site):
     ("exitprobe", "probe exited the process with code 1"),
     ("sysexitprobe", "probe raised SystemExit: 3"),
     ("hangimport", "plugin import timed out after 3 s"),
+    ("printer", "plugin wrote to stdout while imported or probed (101 bytes: 'PRINTER PLUGIN SAYS HELLO AT IMPORT "
+                "PRINTER PLUGIN WRITES TO FD 1 PRINTER PLUGIN'); a backend must keep stdout clean"),
 ])
 def test_explicit_hostile_backend_raises_typed_error(hostile_site, name, reason):
     code = ("import hal\n"
@@ -243,12 +248,15 @@ def test_explicit_hostile_backend_raises_typed_error(hostile_site, name, reason)
     assert r.stdout == f"ERR {reason}\n"
 
 
-def test_requested_printing_plugin_loads_in_process_with_stdout_clean(hostile_site):
-    r = _run([sys.executable, "-c", "import hal; b = hal.get_backend(); print('NAME', b.name)"],
-             _hostile_env(hostile_site, HAL_BACKEND="printer"))
+def test_requested_plugin_loads_in_process_with_stdout_clean(hostile_site):
+    code = "import sys, hal; b = hal.get_backend(); print('NAME', b.name, 'hostile_chatty_pkg' in sys.modules)"
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site, HAL_BACKEND="chatty"))
     assert r.returncode == 0, r.stderr
-    assert "PRINTER PLUGIN SAYS HELLO AT IMPORT" in r.stderr
-    assert r.stdout.replace("PRINTER PLUGIN WRITES TO FD 1\n", "") == "NAME printer\n"
+    assert "CHATTY PLUGIN SAYS HELLO WHEN INSTANTIATED" in r.stderr
+    assert r.stdout == "NAME chatty True\n"
+    code = "import sys, hal; hal.list_backends(); print('hostile_chatty_pkg' in sys.modules)"
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site))
+    assert r.stdout == "False\n"  # listing never loads it here
 
 
 def test_hal_audit_cpu_works_with_hostile_plugins(hostile_site, tmp_path):
