@@ -81,3 +81,27 @@ def test_report_writers_escape_program_text(tmp_path):
     assert sarif["runs"][0]["results"][0]["message"]["text"].startswith("!\\[px\\](https")
     text = rep.render(report, "text", written=written)
     assert "\x1b" not in text and "\\x1b[2J" in text
+
+
+# ---- the exit-code contract's remaining codes (4 internal error, 130 interrupted), on the shared plumbing ----
+@pytest.mark.parametrize("exc,code,line", [
+    (RuntimeError("boom\nsecond line"), 4, "prog: internal error: RuntimeError: boom second line (set HAL_DEBUG=1"),
+    (KeyboardInterrupt(), 130, "prog: interrupted"),
+])
+def test_run_cli_maps_unexpected_failures(capsys, monkeypatch, exc, code, line):
+    from hal.cli.common import run_cli
+    monkeypatch.delenv("HAL_DEBUG", raising=False)
+
+    def handler(_args):
+        raise exc
+    assert run_cli(lambda: object(), handler, prog="prog") == code
+    err = capsys.readouterr().err
+    assert err.startswith(line) and len(err.strip().splitlines()) == 1
+
+
+def test_usage_error_is_one_line_not_a_usage_block(capsys):
+    from hal.cli import main as hal_main
+    assert hal_main.main(["matrix", "--steps", "three"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        "hal: error: argument --steps: invalid int value: 'three' (see hal matrix --help)"]
