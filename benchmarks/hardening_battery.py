@@ -1,7 +1,8 @@
 """The hardening battery: bad inputs and injected faults against the real `hal-audit` CLI.
 
 Each case states the documented exit code and what must survive: exit 2 cases print exactly one
-line on stderr and no traceback; every other case writes audit.json (plus md/html/sarif) whose
+``PROG: error:`` line on stderr, nothing on stdout and no traceback (``hal-audit`` by default, ``hal``
+subcommands where a case says ``prog``); every other case writes audit.json (plus md/html/sarif) whose
 run.status says what happened; no process the audited program started may outlive the audit.
 Prints a table and writes JSON; tests/test_hardening.py asserts the same table case by case.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,7 +26,12 @@ HB = ROOT / "tests" / "fixtures" / "hardening"
 
 
 INPUT_NAMES = ("empty.py", "binary.py", "latin1.py", "syntax.py", "notpython.txt", "folder", "big.py", "loop_a",
-               "loop_b", "imports_missing.py", "raise_at_import.py", "noisy_megabytes.py")
+               "loop_b", "imports_missing.py", "raise_at_import.py", "noisy_megabytes.py", "inject.py", "ok.py",
+               "plugins")
+#: what the audited program prints and raises in the injection case (markdown image and link, raw HTML,
+#: terminal escape sequences)
+INJECT_OUT = "![px](https://evil.example/pixel.png) <img src=x onerror=alert(1)> \x1b[2J\x1b[31mRED"
+INJECT_EXC = "[click](javascript:alert(document.cookie)) ![p2](https://evil.example/p2.png) \x1b]0;title\x07"
 
 
 def make_inputs(tmp: Path, create: bool = True) -> dict[str, str]:
@@ -49,6 +56,12 @@ def make_inputs(tmp: Path, create: bool = True) -> dict[str, str]:
     (tmp / "imports_missing.py").write_text("import torch\nimport no_such_module_hal_test\n")
     (tmp / "raise_at_import.py").write_text("import torch\nraise RuntimeError('boom at import')\n")
     (tmp / "noisy_megabytes.py").write_text("import sys\nfor i in range(200000):\n    print('x' * 60, i)\n")
+    (tmp / "inject.py").write_text(f"import torch\nprint({INJECT_OUT!r}, flush=True)\nraise RuntimeError({INJECT_EXC!r})\n")
+    (tmp / "ok.py").write_text("import torch\nprint(torch.ones(2).sum().item())\n")
+    if not (tmp / "plugins" / "site").is_dir():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import hostile_plugins
+        hostile_plugins.build_site(tmp / "plugins")
     return {n: str(tmp / n) for n in INPUT_NAMES}
 
 
@@ -96,6 +109,71 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
         {"name": "--static-only never executes", "kind": "fault",
          "args": [str(HB / "static_sentinel.py"), *mlu, "--static-only"], "exit": 0, "sentinel": sentinel,
          "env": {"HAL_TEST_SENTINEL": sentinel}},
+        # ---- issue 20: the exit-code contract on every command, hostile output, plugins that misbehave ----
+        {"name": "--memory-limit inf", "kind": "input", "args": [f["empty.py"], *mlu, "--memory-limit", "inf"],
+         "exit": 2, "stderr": "--memory-limit must be"},
+        {"name": "--memory-limit nan", "kind": "input", "args": [f["empty.py"], *mlu, "--memory-limit", "nan"],
+         "exit": 2, "stderr": "--memory-limit must be"},
+        {"name": "--timeout nan", "kind": "input", "args": [f["empty.py"], *mlu, "--timeout", "nan"], "exit": 2,
+         "stderr": "--timeout must be"},
+        {"name": "--timeout inf", "kind": "input", "args": [f["empty.py"], *mlu, "--timeout", "inf"], "exit": 2,
+         "stderr": "--timeout must be"},
+        {"name": "--timeout -1", "kind": "input", "args": [f["empty.py"], *mlu, "--timeout", "-1"], "exit": 2,
+         "stderr": "--timeout must be"},
+        {"name": "--steps 1e99 (not an integer)", "kind": "input", "args": [f["empty.py"], *mlu, "--steps", "1e99"],
+         "exit": 2, "stderr": "invalid int value"},
+        {"name": "--steps 10**12", "kind": "input", "args": [f["empty.py"], *mlu, "--steps", str(10**12)], "exit": 2,
+         "stderr": "--steps must be"},
+        {"name": "usage error: unknown option", "kind": "input", "args": [f["empty.py"], "--frobnicate"], "exit": 2,
+         "stderr": "unrecognized arguments"},
+        {"name": "usage error: no target", "kind": "input", "args": [], "exit": 2, "stderr": "required"},
+        {"name": "usage error: bad --format", "kind": "input", "args": [f["empty.py"], "--format", "xml"], "exit": 2,
+         "stderr": "invalid choice"},
+        {"name": "--out existing_file/sub (--static-only)", "kind": "input",
+         "args": [f["empty.py"], *mlu, "--static-only", "--out", f["notpython.txt"] + "/sub"], "exit": 2},
+        {"name": "hal: unknown command", "kind": "input", "prog": "hal", "args": ["frobnicate"], "exit": 2},
+        {"name": "hal: no command", "kind": "input", "prog": "hal", "args": [], "exit": 2},
+        {"name": "hal backends --probe-timeout nan", "kind": "input", "prog": "hal",
+         "args": ["backends", "--probe-timeout", "nan"], "exit": 2, "stderr": "--probe-timeout must be"},
+        {"name": "hal matrix --steps 0", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--steps", "0", "--out", str(tmp / "m0")],
+         "exit": 2, "stderr": "--steps must be"},
+        {"name": "hal matrix --config huge9", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--config", "huge9", "--out", str(tmp / "m1")],
+         "exit": 2, "stderr": "unknown config 'huge9'"},
+        {"name": "hal matrix --timeout -1", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--timeout", "-1", "--out", str(tmp / "m2")],
+         "exit": 2, "stderr": "--timeout must be"},
+        {"name": "hal matrix --timeout nan", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--timeout", "nan", "--out", str(tmp / "m3")],
+         "exit": 2, "stderr": "--timeout must be"},
+        {"name": "hal matrix --out <file>", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--out", f["notpython.txt"]], "exit": 2,
+         "stderr": "exists and is not a folder"},
+        {"name": "hal matrix --out <file>/sub", "kind": "input", "prog": "hal",
+         "args": ["matrix", "--devices", "cpu", "--models", "gpt", "--out", f["notpython.txt"] + "/sub"], "exit": 2,
+         "stderr": "is not a folder"},
+        {"name": "hal collectives --timeout -5", "kind": "input", "prog": "hal",
+         "args": ["collectives", "--timeout", "-5"], "exit": 2, "stderr": "--timeout must be"},
+        {"name": "hal collectives --timeout nan", "kind": "input", "prog": "hal",
+         "args": ["collectives", "--timeout", "nan"], "exit": 2, "stderr": "--timeout must be"},
+        {"name": "hal collectives --dtypes ''", "kind": "input", "prog": "hal",
+         "args": ["collectives", "--dtypes", ""], "exit": 2, "stderr": "--dtypes must name at least one"},
+        {"name": "hal collectives --world-size 1e9", "kind": "input", "prog": "hal",
+         "args": ["collectives", "--world-size", "1000000000"], "exit": 2, "stderr": "--world-size must be"},
+        {"name": "markdown/terminal injection in output and exception text", "kind": "fault",
+         "args": [f["inject.py"], "--device", "cpu"], "exit": 3, "status": "error", "clean_md": True},
+        {"name": "reports follow umask 022", "kind": "fault", "args": [f["empty.py"], *mlu, "--static-only"],
+         "exit": 0, "umask": 0o022, "mode": 0o644},
+        {"name": "reports follow umask 077", "kind": "fault", "args": [f["empty.py"], *mlu, "--static-only"],
+         "exit": 0, "umask": 0o077, "mode": 0o600},
+        {"name": "hostile plugins: hal backends --format json", "kind": "fault", "prog": "hal",
+         "args": ["backends", "--format", "json"], "exit": 0, "plugins": True, "json_backends": {
+             "hangprobe": "probe timed out after", "hangimport": "plugin import timed out after",
+             "exitprobe": "probe exited the process with code 1", "sysexitprobe": "probe raised SystemExit: 3",
+             "printer": "plugin wrote to stdout while imported or probed"}},
+        {"name": "hostile plugins: hal-audit x.py --device cpu", "kind": "fault",
+         "args": [f["ok.py"], "--device", "cpu"], "exit": 0, "status": "ok", "plugins": True},
     ]
 
 
@@ -112,16 +190,63 @@ def _alive(pid: int) -> bool:
         return False
 
 
+_MD_IMAGE_OR_LINK = re.compile(r"(?<!\\)\]\(")  # "](" not preceded by a backslash: a link or an image
+
+
+def _check_injection(out: Path, stdout: str) -> list[str]:
+    """Nothing the program printed or raised is markup or a control sequence in any report."""
+    prob = []
+    md = (out / "audit.md").read_text()
+    if _MD_IMAGE_OR_LINK.search(md):
+        prob.append("audit.md contains a live Markdown link or image")
+    if "evil" not in md or "javascript" not in md or "onerror" not in md:
+        prob.append("audit.md lost the program's text (it must be shown, escaped)")
+    for name in ("audit.md", "audit.html", "audit.sarif", "audit.json"):
+        text = (out / name).read_text()
+        if "\x1b" in text or "\x07" in text:
+            prob.append(f"{name} contains a raw control character")
+    html = (out / "audit.html").read_text()
+    if "<img" in html or "<img" in md:
+        prob.append("raw <img> in audit.html or audit.md")
+    if "\x1b" in stdout:
+        prob.append("stdout contains an escape sequence")
+    return prob
+
+
+def _check_hal_output(case: dict, stdout: str) -> list[str]:
+    """``hal`` subcommands: stdout is valid JSON listing the expected unavailable backends."""
+    want = case.get("json_backends")
+    if not want:
+        return []
+    try:
+        rows = {b["name"]: b for b in json.loads(stdout)["backends"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"stdout is not the backends JSON ({exc}): {stdout[:200]!r}"]
+    prob = []
+    for name, reason in want.items():
+        row = rows.get(name)
+        if row is None or row["available"] or reason not in row["reason"]:
+            prob.append(f"{name}: expected unavailable with {reason!r}, got {row and row['reason']!r}")
+    if not rows.get("cpu", {}).get("available"):
+        prob.append("cpu is not available")
+    return prob
+
+
 def run_case(case: dict, tmp: Path) -> dict:
     out = tmp / ("out_" + "".join(c if c.isalnum() else "_" for c in case["name"]))
+    prog = case.get("prog", "hal-audit")
     args = list(case["args"])
-    if "--out" not in args:
+    if prog == "hal-audit" and "--out" not in args and args:
         args += ["--out", str(out)]
-    exe = Path(sys.executable).parent / "hal-audit"
+    exe = Path(sys.executable).parent / prog
     env = {**os.environ, **case.get("env", {})}
     env.pop("HAL_BACKEND", None)
+    if case.get("plugins"):  # the hostile plugin distributions on the path, a private probe cache, 3 s bound
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp / "plugins" / "site"), env.get("PYTHONPATH")])),
+                   XDG_CACHE_HOME=str(tmp / "plugins" / "cache"), HAL_PROBE_TIMEOUT="3")
     t0 = time.monotonic()
-    p = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600,
+                       umask=case.get("umask", -1))
     res = {"name": case["name"], "kind": case["kind"], "exit": p.returncode, "expected_exit": case["exit"],
            "seconds": round(time.monotonic() - t0, 2), "problems": []}
     prob = res["problems"]
@@ -131,11 +256,15 @@ def run_case(case: dict, tmp: Path) -> dict:
         prob.append("traceback on stderr")
     if case["exit"] == 2:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        if len(lines) != 1 or not lines[0].startswith("hal-audit: error: "):
+        if len(lines) != 1 or not lines[0].startswith(f"{prog}: error: "):
             prob.append(f"stderr is not one error line: {p.stderr[-300:]!r}")
         if case.get("stderr") and case["stderr"] not in p.stderr:
             prob.append(f"stderr lacks {case['stderr']!r}")
         res["message"] = lines[0] if lines else ""
+        if p.stdout:
+            prob.append(f"stdout is not empty: {p.stdout[:200]!r}")
+    elif prog != "hal-audit":
+        prob += _check_hal_output(case, p.stdout)
     else:
         report = out / "audit.json"
         if not report.is_file():
@@ -148,6 +277,13 @@ def run_case(case: dict, tmp: Path) -> dict:
             for name in ("audit.md", "audit.html", "audit.sarif"):
                 if not (out / name).is_file():
                     prob.append(f"no {name}")
+            if case.get("clean_md"):
+                prob += _check_injection(out, p.stdout)
+            if case.get("mode") is not None:
+                for name in ("audit.json", "audit.md", "audit.html", "audit.sarif"):
+                    mode = (out / name).stat().st_mode & 0o777
+                    if mode != case["mode"]:
+                        prob.append(f"{name} has mode {mode:o}, expected {case['mode']:o}")
     if case.get("max_stdout") and len(p.stdout) > case["max_stdout"]:
         prob.append(f"stdout is {len(p.stdout)} characters")
     if case.get("sentinel") and os.path.exists(case["sentinel"]):

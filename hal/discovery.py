@@ -1,10 +1,20 @@
-"""Backend discovery over the ``hal.backends`` entry-point namespace (stevedore).
+"""Backend discovery over the ``hal.backends`` entry-point namespace.
 
 Contract (DESIGN.md section 4):
 - every installed entry point is listed; a plugin that fails to import or to probe is listed with
-  its error and never breaks discovery of the others;
-- ``HAL_BACKEND=name`` is an explicit choice: only that plugin is loaded and a failure raises
-  :class:`~hal.errors.BackendUnavailableError` with the recorded reason;
+  its reason and never breaks discovery of the others;
+- **isolation:** HAL's own backends (entry points of the ``hal-portability`` distribution) are
+  imported and probed in this process -- they are our code and stay cheap. Every third-party
+  plugin is probed in a short-lived child process bounded by ``$HAL_PROBE_TIMEOUT`` seconds
+  (default 10) through :mod:`hal.plugin_probe`, whose results are cached per plugin version and
+  environment. A third-party plugin's code runs in this process only when that backend is actually
+  requested (:func:`get_backend`, or :attr:`BackendInfo.cls`), and only if its probe said it is
+  available; even then ``BaseException`` is caught and what it prints goes to stderr;
+- **collisions:** when two distributions register the same name, HAL's own entry point wins,
+  otherwise the first in ``sys.path`` order; the loser is not used and the collision is recorded on
+  the winner (:attr:`BackendInfo.collisions`, naming both distributions) and logged as a warning;
+- ``HAL_BACKEND=name`` is an explicit choice: only that plugin is probed and loaded, and a failure
+  raises :class:`~hal.errors.BackendUnavailableError` with the recorded reason;
 - otherwise the available backend with the highest ``priority`` is the default;
 - when a backend is unavailable but its device files exist, a warning says the hardware looks
   present (JAX's ``_suggest_missing_backends``).
@@ -14,38 +24,65 @@ cache (needed after installing a plugin into a running process). Thread-safe.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import importlib
 import logging
 import os
+import sys
 import threading
 import warnings
-from typing import Optional
-
-from stevedore import ExtensionManager
+from typing import Any, Optional
 
 from hal.backend import Availability, Backend
 from hal.errors import BackendUnavailableError
 
 NAMESPACE = "hal.backends"
 ENV_BACKEND = "HAL_BACKEND"
+OWN_DISTRIBUTION = "hal-portability"
 LOG = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class BackendInfo:
-    """What discovery found for one entry point.
+def _describe_error(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split()).rstrip(": ")
 
-    ``cls`` is None when the plugin failed to import; ``availability.reason`` then holds the error.
-    ``target`` is the entry point's ``module:attr``; ``distribution`` the package that installed it.
+
+class BackendInfo:
+    """What discovery found for one backend name.
+
+    ``cls`` is the backend class. For HAL's own backends it is imported during discovery (None when
+    that failed; ``reason`` then holds the error). For a third-party plugin it is imported in this
+    process on first access, and only when the isolated probe found the plugin available
+    (None otherwise, or when the in-process import fails -- ``error`` then says why).
+    ``target`` is the entry point's ``module:attr``; ``distribution`` the package that installed it,
+    ``version`` that package's version; ``isolated`` is True when the plugin was probed in a child
+    process; ``collisions`` names every other distribution that registered the same name.
     """
 
-    name: str
-    cls: Optional[type]
-    availability: Availability
-    priority: int
-    target: str = ""
-    distribution: str = ""
-    error: str = ""
+    def __init__(self, name: str, cls: Optional[type], availability: Availability, priority: int,
+                 target: str = "", distribution: str = "", error: str = "", *, device_type: str = "",
+                 version: str = "", isolated: bool = False, versions: Optional[dict] = None,
+                 devices: Optional[list] = None, hardware: Optional[list] = None, loadable: bool = False,
+                 collisions: tuple[str, ...] = ()):
+        self.name = name
+        self._cls = cls
+        self.availability = availability
+        self.priority = priority
+        self.target = target
+        self.distribution = distribution
+        self.error = error
+        self.device_type = device_type or (getattr(cls, "device_type", "") if cls is not None else "") or name
+        self.version = version
+        self.isolated = isolated
+        self._versions = versions
+        self._devices = devices
+        self.hardware = list(hardware or [])
+        self._loadable = loadable
+        self.collisions = tuple(collisions)
+        self._load_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"BackendInfo(name={self.name!r}, available={self.available}, reason={self.reason!r}, "
+                f"target={self.target!r}, distribution={self.distribution!r})")
 
     @property
     def available(self) -> bool:
@@ -55,58 +92,170 @@ class BackendInfo:
     def reason(self) -> str:
         return self.availability.reason
 
+    @property
+    def cls(self) -> Optional[type]:
+        """The backend class (imports an isolated plugin in this process on first access)."""
+        if self._cls is None and self.isolated and self._loadable and self.available:
+            with self._load_lock:
+                if self._cls is None and self._loadable:
+                    self._loadable = False
+                    self._cls = _import_in_process(self)
+        return self._cls
+
+    def versions(self) -> dict:
+        """Library versions the backend reports; never raises, never runs an isolated plugin here."""
+        if self._versions is not None:
+            return dict(self._versions)
+        if self.isolated or self._cls is None:
+            return {}
+        try:
+            return dict(self._cls.versions())
+        except Exception as exc:  # versions() must not break a listing
+            return {"error": _describe_error(exc)}
+
+    def devices(self) -> list[dict]:
+        """Device properties (as dicts) of an available backend; ``[]`` when unavailable; never raises."""
+        if not self.available:
+            return []
+        if self.isolated:
+            return list(self._devices or [])
+        try:
+            return [d.as_dict() for d in get_backend(self.name).devices()]
+        except Exception as exc:
+            return [{"error": _describe_error(exc)}]
+
+
+def _import_in_process(info: BackendInfo) -> Optional[type]:
+    """Import an isolated plugin's class here; BaseException is caught and recorded in ``info.error``."""
+    mod_name, _, attr = info.target.partition(":")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            obj: Any = importlib.import_module(mod_name)
+            for part in filter(None, attr.split(".")):
+                obj = getattr(obj, part)
+    except BaseException as exc:  # a plugin must never end or break the hal process
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        info.error = f"plugin failed to import in this process: {_describe_error(exc)}"
+        LOG.warning("hal backend plugin %s: %s", info.name, info.error)
+        return None
+    if not (isinstance(obj, type) and issubclass(obj, Backend)):
+        info.error = f"entry point {info.target} is not a hal.Backend subclass"
+        return None
+    return obj
+
 
 _lock = threading.RLock()
 _cache: Optional[dict[str, BackendInfo]] = None
+_partial: dict[str, BackendInfo] = {}
 _instances: dict[str, Backend] = {}
+_entry_points: Optional[list] = None
 
 
-def _describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()
-
-
-def _probe(name: str, cls: type, target: str, dist: str) -> BackendInfo:
+def _probe(name: str, cls: type, target: str, dist: str, version: str = "") -> BackendInfo:
+    """Probe one of HAL's own backend classes in this process (a raising probe is recorded)."""
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         err = f"entry point {target} is not a hal.Backend subclass"
-        return BackendInfo(name, None, Availability.no(err), 0, target, dist, err)
+        return BackendInfo(name, None, Availability.no(err), 0, target, dist, err, version=version)
     try:
         avail = cls.probe()
         if not isinstance(avail, Availability):
             raise TypeError(f"probe() returned {type(avail).__name__}, not Availability")
     except Exception as exc:  # a probe must never raise; if it does, record it
         err = f"probe raised {_describe_error(exc)}"
-        return BackendInfo(name, cls, Availability.no(err), getattr(cls, "priority", 0), target, dist, err)
-    return BackendInfo(name, cls, avail, cls.priority, target, dist)
+        return BackendInfo(name, cls, Availability.no(err), getattr(cls, "priority", 0), target, dist, err,
+                           version=version)
+    return BackendInfo(name, cls, avail, cls.priority, target, dist, version=version)
+
+
+def _all_entry_points() -> list:
+    """Every ``hal.backends`` entry point, in ``sys.path`` order, with its distribution."""
+    global _entry_points
+    if _entry_points is None:
+        from importlib import metadata
+        _entry_points = list(metadata.entry_points(group=NAMESPACE))
+    return _entry_points
+
+
+def _dist_of(ep) -> tuple[str, str, str]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "", "", ""
+    name = (dist.metadata["Name"] if dist.metadata else None) or getattr(dist, "name", "") or ""
+    location = str(getattr(dist, "_path", "") or "")
+    return name, getattr(dist, "version", "") or "", location
+
+
+def _is_own(dist_name: str) -> bool:
+    return dist_name.replace("_", "-").lower() == OWN_DISTRIBUTION
+
+
+def _select(names: Optional[list[str]]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Winning entry point per name, and the collision notes per name."""
+    by_name: dict[str, list] = {}
+    for ep in _all_entry_points():
+        if names is None or ep.name in names:
+            by_name.setdefault(ep.name, [])
+            if all(e.value != ep.value or _dist_of(e)[0] != _dist_of(ep)[0] for e in by_name[ep.name]):
+                by_name[ep.name].append(ep)
+    chosen, notes = {}, {}
+    for name, eps in by_name.items():
+        eps = sorted(eps, key=lambda e: not _is_own(_dist_of(e)[0]))  # stable: sys.path order otherwise
+        chosen[name] = eps[0]
+        if len(eps) > 1:
+            wd, wv, _ = _dist_of(eps[0])
+            for loser in eps[1:]:
+                ld, lv, _ = _dist_of(loser)
+                msg = (f"backend name {name!r} is registered twice: {ld or '?'} {lv} ({loser.value}) is ignored; "
+                       f"{wd or '?'} {wv} ({eps[0].value}) is used")
+                notes.setdefault(name, []).append(msg)
+                LOG.info(msg)
+    return chosen, notes
 
 
 def _load_all(names: Optional[list[str]] = None) -> dict[str, BackendInfo]:
-    failures: dict[str, BaseException] = {}
-
-    def on_failure(_manager, entrypoint, exc):
-        failures[entrypoint.name] = exc
-        LOG.debug("hal backend plugin %s failed to load", entrypoint.name, exc_info=exc)
-
-    mgr = ExtensionManager(NAMESPACE, invoke_on_load=False, on_load_failure_callback=on_failure)
+    from hal import plugin_probe
+    chosen, notes = _select(names)
     found: dict[str, BackendInfo] = {}
-    for ext in mgr.extensions:
-        if names is not None and ext.name not in names:
-            continue
-        target = ext.entry_point.value
-        dist = getattr(getattr(ext.entry_point, "dist", None), "name", "") or ""
-        found[ext.name] = _probe(ext.name, ext.plugin, target, dist)
-    for name, exc in failures.items():
-        if names is not None and name not in names:
-            continue
-        err = f"plugin failed to import: {_describe_error(exc)}"
-        found[name] = BackendInfo(name, None, Availability.no(err), 0, error=err)
+    isolated: dict[str, plugin_probe.PluginSpec] = {}
+    for name, ep in chosen.items():
+        dist, version, location = _dist_of(ep)
+        if _is_own(dist):
+            try:
+                cls = ep.load()
+            except Exception as exc:
+                err = f"plugin failed to import: {_describe_error(exc)}"
+                LOG.debug("hal backend plugin %s failed to load", name, exc_info=exc)
+                found[name] = BackendInfo(name, None, Availability.no(err), 0, ep.value, dist, err, version=version)
+                continue
+            found[name] = _probe(name, cls, ep.value, dist, version)
+        else:
+            isolated[name] = plugin_probe.PluginSpec(name, ep.value, dist, version, location)
+    if isolated:
+        records = plugin_probe.probe_plugins(list(isolated.values()))
+        for name, spec in isolated.items():
+            rec = records[spec]
+            avail = Availability.ok(rec.reason) if rec.available else Availability.no(rec.reason)
+            found[name] = BackendInfo(name, None, avail, rec.priority, spec.target, spec.distribution,
+                                      "" if rec.available else rec.reason, device_type=rec.device_type,
+                                      version=spec.version, isolated=True, versions=rec.versions,
+                                      devices=rec.devices, hardware=rec.hardware, loadable=rec.loaded)
+    for name, msgs in notes.items():
+        if name in found:
+            found[name].collisions = tuple(msgs)
     return found
 
 
 def _warn_missing(infos: dict[str, BackendInfo]) -> None:
     for info in infos.values():
-        if info.cls is None or info.available:
+        if info.available:
             continue
-        present = info.cls.hardware_present()
+        if info.isolated:
+            present = info.hardware
+        elif info.cls is not None:
+            present = info.cls.hardware_present()
+        else:
+            continue
         if present:
             warnings.warn(
                 f"hardware for backend {info.name!r} looks present ({', '.join(present[:3])}) "
@@ -120,9 +269,25 @@ def list_backends() -> list[BackendInfo]:
     with _lock:
         if _cache is None:
             _cache = _load_all()
+            _partial.clear()
             _warn_missing(_cache)
         infos = list(_cache.values())
     return sorted(infos, key=lambda i: (not i.available, -i.priority, i.name))
+
+
+def installed_names() -> list[str]:
+    """The names of every installed backend entry point (nothing is imported or probed)."""
+    return sorted({ep.name for ep in _all_entry_points()})
+
+
+def find_backend(name: str) -> Optional[BackendInfo]:
+    """The :class:`BackendInfo` for ``name`` probing only that plugin, or None when not installed."""
+    with _lock:
+        if _cache is not None:
+            return _cache.get(name)
+        if name not in _partial:
+            _partial.update(_load_all([name]))
+        return _partial.get(name)
 
 
 def backend_errors() -> dict[str, str]:
@@ -142,15 +307,14 @@ def get_backend(name: Optional[str] = None) -> Backend:
             key = explicit
             if key in _instances:
                 return _instances[key]
-            infos = _cache if _cache is not None else _load_all([explicit])
-            info = infos.get(explicit)
+            info = find_backend(explicit)
             if info is None:
-                installed = ", ".join(sorted(i.name for i in list_backends())) or "none"
+                installed = ", ".join(installed_names()) or "none"
                 raise BackendUnavailableError(explicit, f"no such backend is installed (installed: {installed})")
-            if not info.available or info.cls is None:
+            if not info.available:
                 raise BackendUnavailableError(explicit, info.reason)
         else:
-            candidates = [i for i in list_backends() if i.available and i.cls is not None]
+            candidates = [i for i in list_backends() if i.available]
             if not candidates:
                 raise BackendUnavailableError("any", "no backend is available: " + "; ".join(
                     f"{k}: {v}" for k, v in backend_errors().items()))
@@ -158,7 +322,16 @@ def get_backend(name: Optional[str] = None) -> Backend:
             key = info.name
             if key in _instances:
                 return _instances[key]
-        inst = info.cls()
+        cls = info.cls
+        if cls is None:
+            raise BackendUnavailableError(key, info.error or info.reason)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                inst = cls()
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise BackendUnavailableError(key, f"backend failed to start: {_describe_error(exc)}") from None
         _instances[key] = inst
         return inst
 
@@ -166,16 +339,23 @@ def get_backend(name: Optional[str] = None) -> Backend:
 def backend_for_device_type(device_type: str) -> Backend:
     """The available backend whose tensors live on ``device_type`` (e.g. "cuda")."""
     for info in list_backends():
-        if info.cls is not None and info.cls.device_type == device_type and info.available:
+        if info.device_type == device_type and info.available and info.cls is not None:
             return get_backend(info.name)
     raise BackendUnavailableError(device_type, "no available backend has this device type: "
                                   + backend_errors().get(device_type, "not installed"))
 
 
 def refresh() -> None:
-    """Forget discovered backends and stevedore's in-process entry-point cache."""
-    global _cache
+    """Forget discovered backends and every entry-point cache (stevedore's and importlib's)."""
+    global _cache, _entry_points
     with _lock:
         _cache = None
+        _entry_points = None
+        _partial.clear()
         _instances.clear()
-        ExtensionManager.ENTRY_POINT_CACHE.clear()
+        importlib.invalidate_caches()
+        try:
+            from stevedore import ExtensionManager
+            ExtensionManager.ENTRY_POINT_CACHE.clear()
+        except ImportError:  # pragma: no cover - stevedore is a dependency
+            pass

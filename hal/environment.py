@@ -66,17 +66,11 @@ def fingerprint(include_devices: bool = True) -> dict:
     }
     for info in hal.list_backends():
         entry: dict = {"available": info.available, "reason": info.reason}
-        if info.cls is not None:
-            try:
-                entry["versions"] = info.cls.versions()
-            except Exception as exc:
-                entry["versions"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if info.isolated or info.cls is not None:  # isolated plugins answer from their probe record
+            entry["versions"] = info.versions()
         if include_devices and info.available:
-            try:
-                entry["devices"] = [{k: v for k, v in d.as_dict().items() if k in
-                                     ("index", "name", "total_memory", "capability", "extra")}
-                                    for d in hal.get_backend(info.name).devices()]
-            except Exception as exc:
-                entry["devices"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+            entry["devices"] = [{k: v for k, v in d.items() if k in
+                                 ("index", "name", "total_memory", "capability", "extra", "error")}
+                                for d in info.devices()]
         env["backends"][info.name] = entry
     return env

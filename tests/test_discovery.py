@@ -1,5 +1,6 @@
-"""Backend discovery through real stevedore entry points, including a real installed plugin package
-whose import raises."""
+"""Backend discovery through real entry points: real installed plugin packages whose import raises,
+and hostile plugins (probe hangs, exits the process, raises SystemExit, prints, a second ``cpu``)
+that are probed in bounded child processes and never break ``hal`` (benchmarks/hostile_plugins.py)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,9 @@ import pytest
 import hal
 from hal.backend import Backend
 from tests.conftest import run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import hostile_plugins  # noqa: E402
 
 
 def _build_plugin(tmp_path: Path, name: str, body: str, dist: str) -> Path:
@@ -153,10 +157,133 @@ def test_warns_when_hardware_present_but_backend_unavailable(tmp_path):
         _warn_missing({"present": info})
 
 
-def test_refresh_clears_stevedore_cache():
-    from stevedore import ExtensionManager
+def test_refresh_forgets_entry_points_and_instances():
+    from hal import discovery
     hal.list_backends()
-    assert ExtensionManager.ENTRY_POINT_CACHE
+    first = hal.get_backend("cpu")
+    assert discovery._entry_points
     hal.refresh()
-    assert not ExtensionManager.ENTRY_POINT_CACHE
+    assert discovery._entry_points is None and discovery._cache is None
     assert any(i.name == "cpu" for i in hal.list_backends())
+    assert hal.get_backend("cpu") is not first
+
+
+# ---- plugin isolation: hostile plugins (benchmarks/hostile_plugins.py), pip-installed for real --------------
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory) -> Path:
+    return hostile_plugins.build_site(tmp_path_factory.mktemp("hostile"))
+
+
+def _hostile_env(site: Path, **extra) -> dict:
+    return hostile_plugins.site_env(site, HAL_PROBE_TIMEOUT="3", **extra)
+
+
+def _run(args, env, timeout=180):
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_hostile_plugins_listed_unavailable_with_reasons_json_stays_valid(hostile_site, tmp_path):
+    log = tmp_path / "imports.log"
+    env = _hostile_env(hostile_site, HAL_TEST_IMPORT_LOG=str(log))
+    hal_bin = Path(sys.executable).parent / "hal"
+    r = _run([str(hal_bin), "backends", "--format", "json"], env)
+    assert r.returncode == 0, r.stderr
+    assert not [ln for ln in r.stdout.splitlines() if "PRINTER" in ln and '"reason"' not in ln]  # no raw print
+    rows = {b["name"]: b for b in json.loads(r.stdout)["backends"]}
+    assert rows["hangprobe"]["reason"] == "probe timed out after 3 s" and not rows["hangprobe"]["available"]
+    assert rows["hangimport"]["reason"] == "plugin import timed out after 3 s"
+    assert rows["exitprobe"]["reason"] == "probe exited the process with code 1"
+    assert rows["sysexitprobe"]["reason"] == "probe raised SystemExit: 3"
+    assert not rows["printer"]["available"] and rows["printer"]["isolated"] and not rows["printer"]["devices"]
+    assert rows["printer"]["reason"].startswith("plugin wrote to stdout while imported or probed (")
+    assert "PRINTER PLUGIN SAYS HELLO AT IMPORT" in rows["printer"]["reason"]
+    assert rows["printer"]["distribution"] == "hal-printer" and rows["printer"]["version"] == "0.0.1"
+    assert rows["chatty"]["available"] and rows["chatty"]["devices"] and "CHATTY" not in r.stdout
+    cpu = rows["cpu"]
+    assert cpu["available"] and cpu["distribution"] == "hal-portability" and "host CPU" in cpu["reason"]
+    assert not cpu["isolated"] and cpu["priority"] == 0
+    assert len(cpu["collisions"]) == 1
+    assert "hal-evilcpu 0.0.1" in cpu["collisions"][0] and "hal-portability" in cpu["collisions"][0]
+    assert log.read_text().count("import") == 1  # probed once, in a child
+    # a second command is answered from the cache: the plugin is not imported again
+    r2 = _run([str(hal_bin), "backends", "--format", "json"], env)
+    assert r2.returncode == 0 and json.loads(r2.stdout) == json.loads(r.stdout)
+    assert log.read_text().count("import") == 1
+    # text format: the collision is a warning naming both distributions; reasons are one line each
+    r3 = _run([str(hal_bin), "backends"], env)
+    assert r3.returncode == 0 and "warning: backend name 'cpu' is registered twice: hal-evilcpu" in r3.stdout
+    # --refresh probes again
+    r4 = _run([str(hal_bin), "backends", "--format", "json", "--refresh"], env)
+    assert r4.returncode == 0 and log.read_text().count("import") == 2
+
+
+def test_hostile_plugins_never_run_in_the_hal_process(hostile_site):
+    code = ("import sys, hal\n"
+            "infos = {i.name: i for i in hal.list_backends()}\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hostile_')))\n"
+            "print(hal.get_backend().name, type(hal.get_backend('cpu')).__module__)\n"
+            "print(infos['cpu'].collisions[0].split(':')[0])\n")
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[]"
+    assert lines[1].split()[1] == "hal.backends.cpu"  # the impostor 'cpu' (priority 100) is not used
+    assert lines[2] == "backend name 'cpu' is registered twice"
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("hangprobe", "probe timed out after 3 s"),
+    ("exitprobe", "probe exited the process with code 1"),
+    ("sysexitprobe", "probe raised SystemExit: 3"),
+    ("hangimport", "plugin import timed out after 3 s"),
+    ("printer", "plugin wrote to stdout while imported or probed (101 bytes: 'PRINTER PLUGIN SAYS HELLO AT IMPORT "
+                "PRINTER PLUGIN WRITES TO FD 1 PRINTER PLUGIN'); a backend must keep stdout clean"),
+])
+def test_explicit_hostile_backend_raises_typed_error(hostile_site, name, reason):
+    code = ("import hal\n"
+            "try:\n    hal.get_backend()\nexcept hal.BackendUnavailableError as e:\n    print('ERR', e.reason)\n")
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site, HAL_BACKEND=name))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"ERR {reason}\n"
+
+
+def test_requested_plugin_loads_in_process_with_stdout_clean(hostile_site):
+    code = "import sys, hal; b = hal.get_backend(); print('NAME', b.name, 'hostile_chatty_pkg' in sys.modules)"
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site, HAL_BACKEND="chatty"))
+    assert r.returncode == 0, r.stderr
+    assert "CHATTY PLUGIN SAYS HELLO WHEN INSTANTIATED" in r.stderr
+    assert r.stdout == "NAME chatty True\n"
+    code = "import sys, hal; hal.list_backends(); print('hostile_chatty_pkg' in sys.modules)"
+    r = _run([sys.executable, "-c", code], _hostile_env(hostile_site))
+    assert r.stdout == "False\n"  # listing never loads it here
+
+
+def test_hal_audit_cpu_works_with_hostile_plugins(hostile_site, tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
+    exe = Path(sys.executable).parent / "hal-audit"
+    r = _run([str(exe), str(script), "--device", "cpu", "--out", str(tmp_path / "o"), "--format", "json"],
+             _hostile_env(hostile_site))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["run"]["status"] == "ok" and doc["target"]["device"] == "cpu"
+    assert (tmp_path / "o" / "audit.md").is_file()
+
+
+def test_probe_cache_key_follows_plugin_version_and_environment(monkeypatch):
+    from hal.plugin_probe import PluginSpec, cache_key
+    a = PluginSpec("x", "x_pkg:Plugin", "hal-x", "1.0")
+    assert cache_key(a) == cache_key(PluginSpec("x", "x_pkg:Plugin", "hal-x", "1.0"))
+    assert cache_key(a) != cache_key(PluginSpec("x", "x_pkg:Plugin", "hal-x", "1.1"))
+    before = cache_key(a)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert cache_key(a) != before
+
+
+@pytest.mark.parametrize("raw,expected", [("2.5", 2.5), ("nan", 10.0), ("-1", 10.0), ("inf", 10.0), ("x", 10.0),
+                                          ("0", 10.0)])
+def test_probe_timeout_from_environment(monkeypatch, raw, expected):
+    from hal.plugin_probe import probe_timeout
+    monkeypatch.setenv("HAL_PROBE_TIMEOUT", raw)
+    assert probe_timeout() == expected

@@ -1,7 +1,8 @@
 """Render a ``hal-compat-matrix/1`` document as Markdown, self-contained HTML and an SVG heatmap.
 
 Every string that can come from a run (reasons, op names, environment fields) is escaped: Markdown
-cells have ``|`` and newlines neutralised; HTML and SVG go through :func:`html.escape`.
+through :func:`hal.conformance.report.escape.markdown` (no markup survives) or, inside code spans,
+with backticks removed and ``|`` escaped; HTML and SVG go through :func:`html.escape`.
 """
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ from typing import Any
 
 from tabulate import tabulate
 
+from hal.conformance.report import escape
+
 COLOURS = {"pass": "#2e7d32", "pass-with-fallback": "#9e9d24", "precision-fail": "#ef6c00", "fail": "#c62828",
            "crashed": "#6a1b9a", "timeout": "#4e342e", "not-run": "#9e9e9e"}
 OP_COLOURS = {"native": "#2e7d32", "composite": "#558b2f", "fallback": "#ef6c00", "unsupported": "#c62828",
               "unknown": "#9e9e9e"}
 
 
-def _md(text: Any) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _md(text: Any, limit: int = 0) -> str:
+    """Literal Markdown text, cut to ``limit`` characters before escaping (0: no cut)."""
+    text = " ".join(str(text).split())
+    return escape.markdown(text[:limit] if limit else text)
+
+
+def _code(text: Any) -> str:
+    """Text for inside a Markdown code span in a table cell."""
+    return escape.printable(" ".join(str(text).split())).replace("`", "'").replace("|", "\\|")
 
 
 def _label(cell: dict) -> str:
@@ -54,7 +64,7 @@ def to_markdown(doc: dict) -> str:
     for c in doc["cells"]:
         fig_rows.append([c["backend"], c["model"], c["mode"], c["dtype"], _label(c), _fig(c, "step_ms"),
                          _fig(c, "peak_bytes", 1 / 2**20, "{:.0f}"), c.get("figures", {}).get("precision", "—"),
-                         len(c.get("figures", {}).get("fallback_ops", [])), _md(c.get("reason", ""))[:160]])
+                         len(c.get("figures", {}).get("fallback_ops", [])), _md(c.get("reason", ""), 160)])
     out.append(tabulate(fig_rows, headers=["backend", "model", "mode", "dtype", "status", "step ms", "peak MiB",
                                            "precision", "fallback ops", "reason"], tablefmt="github"))
     if doc.get("collectives"):
@@ -67,14 +77,14 @@ def to_markdown(doc: dict) -> str:
         obs = sorted({b for v in doc["per_op"].values() for b in v})
         interesting = {op: v for op, v in doc["per_op"].items() if any(s not in ("native", "composite") for s in v.values())}
         out += ["", f"## Ops that are not native everywhere ({len(interesting)} of {len(doc['per_op'])})", ""]
-        out.append(tabulate([[f"`{_md(op)}`"] + [v.get(b, "—") for b in obs] for op, v in interesting.items()],
+        out.append(tabulate([[f"`{_code(op)}`"] + [v.get(b, "—") for b in obs] for op, v in interesting.items()],
                             headers=["op", *obs], tablefmt="github"))
     out += ["", "## Environments", ""]
     for env in doc.get("environments", []):
         devs = "; ".join(f"{name}: " + ", ".join(str(d.get("name")) for d in b.get("devices", []))
                          for name, b in env.get("backends", {}).items() if b.get("available"))
-        out.append(f"- `{_md(env.get('id', '?'))}`: torch {_md(env.get('torch'))}, python {_md(env.get('python'))}, "
-                   f"commit `{_md(env.get('commit'))}`, devices: {_md(devs)}; command: `{_md(env.get('command'))}`")
+        out.append(f"- `{_code(env.get('id', '?'))}`: torch {_md(env.get('torch'))}, python {_md(env.get('python'))}, "
+                   f"commit `{_code(env.get('commit'))}`, devices: {_md(devs)}; command: `{_code(env.get('command'))}`")
     return "\n".join(out) + "\n"
 
 

@@ -10,7 +10,7 @@ API::
 ``audit.sarif`` (``formats`` picks them), and :func:`write_artifact` writes ``migration.patch``.
 Only the fixed file names of :data:`ARTIFACTS` are ever written, directly inside ``out_dir`` (atomic
 replace: an existing symlink at a report name is replaced, never followed), so nothing lands
-outside the folder given. Raises :class:`ReportError` when ``out_dir`` cannot be used.
+outside the folder given. Files get mode ``0666 & ~umask`` like any file the user creates. Raises :class:`ReportError` when ``out_dir`` cannot be used.
 A later audit adds a section with :func:`hal.conformance.report.render.register_section`.
 """
 from __future__ import annotations
@@ -67,6 +67,20 @@ def _out_dir(out_dir: os.PathLike) -> pathlib.Path:
     return out
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc allows (else set and restored)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
     """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically."""
     name = ARTIFACTS[kind]
@@ -74,6 +88,7 @@ def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
     dest = out / name
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; reports follow the umask
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
         os.replace(tmp, dest)  # replaces a symlink named `name` itself; never writes through it

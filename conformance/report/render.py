@@ -6,18 +6,21 @@ Markdown and HTML writers render blocks, so a later audit (ops, precision, profi
 function with :func:`register_section` and every format picks it up; no new writer. Sections without
 their own function are rendered generically (a list of dicts is a table, a dict a key/value table).
 
-Escaping: every string that can come from user code (paths, identifiers, messages, snippets) is
-escaped for the output format: HTML through :func:`html.escape`; Markdown table cells have ``|``,
-newlines, backticks and ``<``/``>`` neutralised. Pure functions; thread-safe.
+Escaping: every string that can come from user code (paths, identifiers, messages, program output,
+exception text) is escaped for the output format by :mod:`hal.conformance.report.escape`: Markdown
+keeps no markup at all (no image, link, HTML or block construct), HTML goes through
+:func:`html.escape`, the terminal summary and all formats show control characters as visible
+``\\xNN`` escapes. Pure functions; thread-safe.
 """
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 from typing import Any, Callable, Optional
 
 from tabulate import tabulate
+
+from hal.conformance.report import escape
 
 # ---- blocks: the format-neutral intermediate --------------------------------------------------
 # ("p", text) | ("table", headers, rows) | ("kv", [(key, value), ...]) | ("h", text)
@@ -232,15 +235,14 @@ def _sections(report: dict) -> list[tuple[str, list]]:
 
 # ---- Markdown ---------------------------------------------------------------------------------
 def md_escape(text: Any) -> str:
-    s = _scalar(text)
-    return (s.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("<", "&lt;")
-            .replace(">", "&gt;").replace("\r", " ").replace("\n", " "))
+    """Literal Markdown text for a report value (see :func:`hal.conformance.report.escape.markdown`)."""
+    return escape.markdown(_scalar(text))
 
 
 def to_markdown(report: dict) -> str:
     t = report.get("target") or {}
     lines = [f"# hal-audit report: {md_escape(t.get('source', ''))} for {md_escape(t.get('device', ''))}", "",
-             f"Schema `{report.get('schema')}`.", ""]
+             f"Schema `{escape.printable(report.get('schema')).replace('`', '')}`.", ""]
     for title, blocks in _sections(report):
         lines += [f"## {md_escape(title)}", ""]
         for b in blocks:
@@ -268,7 +270,7 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}table{b
 
 def to_html(report: dict) -> str:
     """A self-contained page (inline CSS, no script, no external resource); every string escaped."""
-    e = lambda s: html.escape(_scalar(s), quote=True)  # noqa: E731
+    e = lambda s: escape.html_text(_scalar(s))  # noqa: E731
     t = report.get("target") or {}
     out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
            f"<title>hal-audit: {e(t.get('source', ''))}</title><style>{_CSS}</style></head><body>",
@@ -305,11 +307,12 @@ def to_html(report: dict) -> str:
 # ---- text (stdout) ----------------------------------------------------------------------------
 def to_text(report: dict, written: Optional[dict] = None, top: int = 10) -> str:
     """The short stdout summary: counts by severity, the top findings, where the reports are."""
+    esc = escape.terminal
     t = report.get("target") or {}
     s = report.get("summary") or {}
     sev = s.get("by_severity", {})
     run = report.get("run") or {}
-    lines = [f"hal-audit {t.get('source', '')} --device {t.get('device', '')}: "
+    lines = [f"hal-audit {esc(t.get('source', ''))} --device {esc(t.get('device', ''))}: "
              f"{s.get('findings', 0)} findings ({sev.get('error', 0)} error, {sev.get('warning', 0)} warning, "
              f"{sev.get('info', 0)} info) in {s.get('files_with_findings', 0)} files"
              + ("" if t.get("verified") else " [predicted, not measured on the device]")]
@@ -317,18 +320,18 @@ def to_text(report: dict, written: Optional[dict] = None, top: int = 10) -> str:
     if static:
         lines.append(f"scanned {static.get('files', 0)} files, {static.get('lines', 0)} lines "
                      f"in {static.get('seconds', 0):.3f} s")
-    lines.append(f"run: {run.get('status')}" + (f" ({run.get('error')})" if run.get("error") else ""))
+    lines.append(f"run: {esc(run.get('status'))}" + (f" ({esc(run.get('error'))})" if run.get("error") else ""))
     findings = sorted(report.get("findings") or [],
                       key=lambda f: (("error", "warning", "info").index(f.get("severity", "info")),
                                      f.get("path", ""), f.get("line", 0)))
     if findings:
-        rows = [[f.get("severity"), f"{f.get('path')}:{f.get('line')}", f.get("rule"),
-                 (f.get("message") or "")[:100]] for f in findings[:top]]
+        rows = [[esc(f.get("severity")), esc(f"{f.get('path')}:{f.get('line')}"), esc(f.get("rule")),
+                 esc((f.get("message") or "")[:100])] for f in findings[:top]]
         lines.append(tabulate(rows, headers=["severity", "where", "rule", "message"]))
         if len(findings) > top:
             lines.append(f"... and {len(findings) - top} more (see the reports)")
     if s.get("ops"):
-        lines.append("ops: " + ", ".join(f"{k} {v}" for k, v in s["ops"].items()))
+        lines.append("ops: " + ", ".join(f"{esc(k)} {esc(v)}" for k, v in s["ops"].items()))
     if written:
-        lines.append("reports: " + ", ".join(str(p) for p in written.values()))
+        lines.append("reports: " + ", ".join(esc(p) for p in written.values()))
     return "\n".join(lines)

@@ -2,13 +2,17 @@
 
 Result locations use ``artifactLocation.uri`` relative to the audited root (``uriBaseId``
 ``SRCROOT``) with 1-based ``startLine``/``startColumn``. Severity maps error->error,
-warning->warning, info->note. Pure function; thread-safe.
+warning->warning, info->note. Message texts go through
+:func:`hal.conformance.report.escape.sarif_text` (control characters visible, ``[``/``]`` escaped so
+no embedded link forms). Pure function; thread-safe.
 """
 from __future__ import annotations
 
 import pathlib
 import urllib.parse
 from typing import Mapping, Optional
+
+from hal.conformance.report.escape import sarif_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
@@ -40,7 +44,7 @@ def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = N
             region["endLine"] = int(f["end_line"])
             region["endColumn"] = max(1, int(f.get("end_column") or 1))
         res = {"ruleId": f["rule"], "ruleIndex": index[f["rule"]], "level": LEVELS.get(f.get("severity"), "note"),
-               "message": {"text": f.get("message") or f["rule"]},
+               "message": {"text": sarif_text(f.get("message") or f["rule"])},
                "locations": [{"physicalLocation": {"artifactLocation": _artifact(str(f.get("path", ""))),
                                                     "region": region}}]}
         if f.get("fix"):

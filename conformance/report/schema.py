@@ -29,14 +29,10 @@ def environment_info() -> dict:
     backends = {}
     try:
         import hal
-        for info in hal.list_backends():
-            versions = {}
-            if info.cls is not None:
-                try:
-                    versions = info.cls.versions()
-                except Exception as exc:
-                    versions = {"error": f"{type(exc).__name__}: {exc}"}
-            backends[info.name] = {"available": info.available, "reason": info.reason, "versions": versions}
+        for info in hal.list_backends():  # versions() never runs an isolated plugin in this process
+            backends[info.name] = {"available": info.available, "reason": info.reason, "versions": info.versions()}
+            if getattr(info, "collisions", ()):
+                backends[info.name]["collisions"] = list(info.collisions)
     except Exception as exc:  # discovery must not break a report
         backends["error"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}", "versions": {}}
     env["backends"] = backends

@@ -27,15 +27,20 @@ import sys
 import time
 from typing import Optional
 
-from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, emit, run_cli)
+from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Parser, check_number, emit,
+                            run_cli)
 
 PROG = "hal-audit"
 DEFAULT_OUT = "hal-audit-out"
 FAILED_RUN = ("error", "timeout", "crashed")
+#: bounds of the numeric options (finite, inclusive): a run of at most ~11.5 days, 1e9 steps, 1 PB
+MAX_TIMEOUT_S = 1e6
+MAX_STEPS = 10**9
+MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1e9
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG, description="Audit a CUDA PyTorch program for a target backend: device-specific code with a "
                                "patch, ops that would fall back, dtype risks, precision and profile.",
         epilog="Exit codes: 0 completed; 1 a --fail-on condition held; 2 bad input or usage; "
@@ -168,15 +173,18 @@ def exit_code(report: dict, fail_on: Optional[str]) -> int:
     return EXIT_OK
 
 
+def validate_numbers(args: argparse.Namespace) -> None:
+    """Every numeric option finite and in range, else CliError (exit 2, one line)."""
+    check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS, what="a positive integer")
+    check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds")
+    check_number("--memory-limit", args.memory_limit, minimum=MIN_MEMORY_MB, maximum=MAX_MEMORY_MB,
+                 what="a number of megabytes")
+
+
 def handle(args: argparse.Namespace) -> int:
     from hal.conformance import report as rep
     from hal.conformance.migration import CATALOGUE
-    if args.steps is not None and args.steps < 1:
-        raise CliError(f"--steps must be a positive integer, not {args.steps}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise CliError(f"--timeout must be a positive number of seconds, not {args.timeout}")
-    if args.memory_limit is not None and not args.memory_limit >= 64:
-        raise CliError(f"--memory-limit must be at least 64 (MB), not {args.memory_limit:g}")
+    validate_numbers(args)
     target = _target_info(args.device)
     kind, path = classify(args.target)
     if args.static_only and kind in ("model", "onnx"):

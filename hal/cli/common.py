@@ -1,12 +1,15 @@
 """Shared CLI plumbing: one-line errors with documented exit codes, never a traceback.
 
 :func:`run_cli` parses, runs the handler and maps failures: :class:`CliError` and argparse usage
-errors exit 2 with one line on stderr; ``KeyboardInterrupt`` exits 130; an unexpected exception
-exits 4 with one line naming it (set ``HAL_DEBUG=1`` to see the traceback).
+errors exit 2 with one line on stderr (parsers built with :class:`Parser` report a usage error as
+one ``PROG: error: ...`` line, not a usage block); ``KeyboardInterrupt`` exits 130; an unexpected
+exception exits 4 with one line naming it (set ``HAL_DEBUG=1`` to see the traceback).
+:func:`check_number` validates a numeric option (finite, in range) with a one-line CliError.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -21,6 +24,50 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_USAGE):
         super().__init__(message)
         self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors raise :class:`CliError` (one line, exit 2).
+
+    Subparsers made by ``add_subparsers`` inherit the class. ``--help`` still prints and exits 0.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+def check_number(option: str, value, *, minimum=None, maximum=None, above=None, integer: bool = False,
+                 what: str = "") -> None:
+    """Raise CliError unless ``value`` (None passes) is finite and within the bounds.
+
+    ``minimum``/``maximum`` are inclusive, ``above`` exclusive. The message reads
+    ``--timeout must be a finite number of seconds > 0 and at most 1e+06, not nan``.
+    """
+    if value is None:
+        return
+    try:
+        ok = math.isfinite(value)
+    except TypeError:
+        ok = False
+    if ok:
+        ok = ((minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+              and (above is None or value > above))
+    if ok:
+        return
+    def num(x) -> str:
+        return str(int(x)) if isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer() \
+            and abs(x) < 1e15 else f"{x:g}"
+
+    bounds = []
+    if above is not None:
+        bounds.append(f"> {num(above)}")
+    if minimum is not None and not (what.startswith("a positive") and minimum == 1):
+        bounds.append(f"at least {num(minimum)}")
+    if maximum is not None:
+        bounds.append(f"at most {num(maximum)}")
+    kind = what or ("an integer" if integer else "a finite number")
+    shown = num(value) if isinstance(value, (int, float)) else repr(value)
+    raise CliError(f"{option} must be {kind} {' and '.join(bounds)}, not {shown}".replace("  ", " "))
 
 
 def add_format(p: argparse.ArgumentParser, choices=("text", "json"), default="text") -> None:
@@ -41,6 +88,9 @@ def run_cli(parse: Callable[[], Any], handle: Callable[[Any], int], prog: str) -
         args = parse()
     except SystemExit as exc:  # argparse: --help (0) or usage error (2, message already printed)
         return int(exc.code or 0)
+    except CliError as exc:
+        sys.stderr.write(f"{prog}: error: {one_line(exc)}\n")
+        return exc.code
     try:
         return int(handle(args) or 0)
     except CliError as exc:

@@ -1,6 +1,8 @@
 """The ``hal`` command: ``hal backends``, ``hal collectives`` (more subcommands register here).
 
-Exit codes: 0 success; 1 a check ran and failed; 2 bad input or usage (one line on stderr).
+Exit codes: 0 success; 1 a check ran and failed (``hal collectives``); 2 bad input or usage (one
+``hal: error: ...`` line on stderr, never a usage block); 4 internal error (one line); 130
+interrupted. Every numeric option is checked (finite, in range) before anything runs.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Callable, Optional
 
 from tabulate import tabulate
 
-from hal.cli.common import CliError, add_format, emit, run_cli
+from hal.cli.common import CliError, Parser, add_format, check_number, emit, run_cli
 
 #: subcommand name -> (configure parser, handler); other modules add entries with :func:`subcommand`
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
@@ -28,34 +30,50 @@ def subcommand(name: str, help: str):
 
 def _cfg_backends(p: argparse.ArgumentParser) -> None:
     add_format(p)
+    p.add_argument("--probe-timeout", type=float, metavar="SEC",
+                   help="bound on each third-party plugin's probe, in seconds (default: $HAL_PROBE_TIMEOUT or 10)")
+    p.add_argument("--refresh", action="store_true",
+                   help="probe every third-party plugin again instead of using cached results")
 
 
 @subcommand("backends", "list installed backend plugins, their availability and devices")(_cfg_backends)
 def cmd_backends(args: argparse.Namespace) -> int:
+    import os
+
     import hal
+    from hal import plugin_probe
+    check_number("--probe-timeout", args.probe_timeout, above=0, maximum=3600, what="a number of seconds")
+    if args.probe_timeout is not None:
+        os.environ[plugin_probe.ENV_TIMEOUT] = repr(args.probe_timeout)
+    if args.refresh:
+        plugin_probe.clear_cache()
+        hal.refresh()
     rows = []
     for info in hal.list_backends():
-        devices, versions = [], {}
-        if info.cls is not None:
-            try:
-                versions = info.cls.versions()
-            except Exception as exc:  # versions() must not break the listing
-                versions = {"error": f"{type(exc).__name__}: {exc}"}
-        if info.available:
-            try:
-                devices = [d.as_dict() for d in hal.get_backend(info.name).devices()]
-            except Exception as exc:
-                devices = [{"error": f"{type(exc).__name__}: {exc}"}]
         rows.append({"name": info.name, "available": info.available, "reason": info.reason,
                      "priority": info.priority, "target": info.target, "distribution": info.distribution,
-                     "devices": devices, "versions": versions})
+                     "version": info.version, "isolated": info.isolated, "devices": info.devices(),
+                     "versions": info.versions(), "collisions": list(info.collisions)})
     if args.format == "json":
         emit(json.dumps({"backends": rows}, indent=2, default=str))
     else:
-        table = [[r["name"], "yes" if r["available"] else "no", r["priority"], len(r["devices"]), r["reason"]]
-                 for r in rows]
-        emit(tabulate(table, headers=["backend", "available", "priority", "devices", "reason"]))
+        table = [[r["name"], "yes" if r["available"] else "no", r["priority"], len(r["devices"]),
+                  r["distribution"], one_line_cell(r["reason"])] for r in rows]
+        emit(tabulate(table, headers=["backend", "available", "priority", "devices", "distribution", "reason"]))
+        for r in rows:
+            for note in r["collisions"]:
+                emit(f"warning: {one_line_cell(note)}")
     return 0
+
+
+def one_line_cell(text: str, limit: int = 160) -> str:
+    """A table cell: control characters removed, whitespace collapsed, at most ``limit`` characters."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+MAX_WORLD_SIZE = 1024
+MAX_TIMEOUT_S = 1e6
 
 
 def _cfg_collectives(p: argparse.ArgumentParser) -> None:
@@ -72,7 +90,11 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     from hal.conformance import collectives
     if args.world_size < 1:
         raise CliError("--world-size must be at least 1")
+    check_number("--world-size", args.world_size, minimum=1, maximum=MAX_WORLD_SIZE, what="an integer")
+    check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds")
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    if not dtypes:
+        raise CliError(f"--dtypes must name at least one dtype ({', '.join(collectives.DTYPES)}), not {args.dtypes!r}")
     for d in dtypes:
         if d not in collectives.DTYPES:
             raise CliError(f"unknown dtype {d!r}; one of {', '.join(collectives.DTYPES)}")
@@ -94,7 +116,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     _load_plugins()
-    parser = argparse.ArgumentParser(prog="hal", description="HAL: hardware abstraction and portability for PyTorch")
+    parser = Parser(prog="hal", description="HAL: hardware abstraction and portability for PyTorch")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (configure, handler, help_) in SUBCOMMANDS.items():

@@ -1,13 +1,19 @@
-"""``hal matrix``: run, merge or diff the compatibility matrix (see hal.conformance.matrix)."""
+"""``hal matrix``: run, merge or diff the compatibility matrix (see hal.conformance.matrix).
+
+Exit codes: 0 the matrix was written (cells may fail: that is data, not an error); 2 bad input
+(one line): an unknown device, model, mode, dtype or config, ``--steps``/``--timeout`` not finite
+and in range, ``--out`` that exists and is not a folder or cannot be created or written.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from tabulate import tabulate
 
-from hal.cli.common import CliError, emit
+from hal.cli.common import CliError, check_number, emit
 from hal.cli.main import subcommand
 
 
@@ -31,6 +37,24 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 
+MAX_STEPS = 10**6
+MAX_TIMEOUT_S = 1e6
+
+
+def _check_out(path: str) -> None:
+    """CliError unless ``path`` is a folder or could be created as one (nothing is created here)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {path}: exists and is not a folder")
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise CliError(f"--out {path}: cannot create folder: {probe} is not a folder")
+    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"--out {path}: {probe} is not writable")
+
+
 def _load(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
@@ -43,13 +67,19 @@ def _load(path: str) -> dict:
 
 def write_outputs(doc: dict, out: Path) -> list[Path]:
     from hal.conformance.matrix import render
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {out}: cannot create folder: {exc.strerror or exc}") from None
     files = {"compat-matrix.json": json.dumps(doc, indent=2, default=str) + "\n",
              "compat-matrix.md": render.to_markdown(doc), "compat-matrix.html": render.to_html(doc),
              "compat-matrix.svg": render.to_svg(doc)}
     paths = []
     for name, text in files.items():
-        (out / name).write_text(text)
+        try:
+            (out / name).write_text(text)
+        except OSError as exc:
+            raise CliError(f"--out {out}: cannot write {name}: {exc.strerror or exc}") from None
         paths.append(out / name)
     return paths
 
@@ -71,6 +101,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise CliError("--out DIR is required to run or merge a matrix")
+    check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS, what="a positive integer")
+    check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds per cell")
+    _check_out(args.out)
     if args.merge:
         try:
             doc = mmerge.merge((p, _load(p)) for p in args.merge)
@@ -78,7 +111,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
     else:
         import hal
-        from hal.models import WORKLOAD_NAMES
+        from hal.models import WORKLOAD_NAMES, config_names
         known = {i.name for i in hal.list_backends()}
         devices, models = _csv(args.devices), _csv(args.models)
         for d in devices:
@@ -87,6 +120,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for m in models:
             if m not in WORKLOAD_NAMES:
                 raise CliError(f"unknown model {m!r}; one of {', '.join(WORKLOAD_NAMES)}")
+            if args.config not in config_names(m):
+                raise CliError(f"unknown config {args.config!r} for model {m!r}; one of {', '.join(config_names(m))}")
+        if not devices or not models or not _csv(args.modes) or not _csv(args.dtypes):
+            raise CliError("--devices, --models, --modes and --dtypes must each name at least one value")
         for mode in _csv(args.modes):
             if mode not in ("train", "infer"):
                 raise CliError(f"unknown mode {mode!r}; one of train, infer")
