@@ -20,8 +20,8 @@ import pathlib
 import time
 from typing import Optional, Union
 
-from hal.conformance.migration.files import CUDA_SUFFIXES, AuditInputError, iter_sources, read_python
-from hal.conformance.migration.patch import FLAVOURS, build_patch, patched_source
+from hal.conformance.migration.files import CUDA_SUFFIXES, AuditInputError, iter_sources, read_python, source_encoding
+from hal.conformance.migration.patch import FLAVOURS, build_patch_bytes, file_diff, patched_source
 from hal.conformance.migration.rules import CATALOGUE, RuleSet, RulesError, load_rules
 from hal.conformance.migration.scanner import Edit, FileScan, Finding, scan_source
 
@@ -42,17 +42,25 @@ class StaticAudit:
     files: int
     lines: int
     seconds: float
+    encodings: dict = dataclasses.field(default_factory=dict)  # rel path -> the source's encoding
 
     def patch(self, flavour: str = "device") -> str:
         """The unified diff for ``flavour`` ("device" or "hal"); "" when nothing is fixable."""
+        return "".join(d for d, _ in self._diffs(flavour))
+
+    def patch_bytes(self, flavour: str = "device") -> bytes:
+        """The patch as bytes, each file's part in that file's own encoding (what ``--fix`` writes)."""
+        return build_patch_bytes(self._diffs(flavour))
+
+    def _diffs(self, flavour: str) -> list:
         if flavour not in FLAVOURS:
             raise ValueError(f"unknown fix flavour {flavour!r}; one of {', '.join(FLAVOURS)}")
-        parts = []
+        out = []
         for scan in self.scans:
-            before = self.sources[scan.path]
-            after = patched_source(scan, before, flavour, self.rules.import_module)
-            parts.append((scan.path, before, after))
-        return build_patch(parts)
+            d = file_diff(scan, self.sources[scan.path], flavour, self.rules.import_module)
+            if d:
+                out.append((d, self.encodings.get(scan.path)))
+        return out
 
     def patched(self, flavour: str = "device") -> dict:
         """``{rel_path: patched source}`` for every scanned file that the fix changes."""
@@ -86,7 +94,7 @@ def audit_static(target: Union[str, pathlib.Path], device: str = "mlu", rules: O
     target = pathlib.Path(target)
     if not target.exists():
         raise AuditInputError(f"{target}: no such file or folder")
-    scans, sources, findings = [], {}, []
+    scans, sources, findings, encodings = [], {}, [], {}
     n_files = n_lines = 0
     if target.is_file():
         if target.suffix != ".py":
@@ -108,6 +116,15 @@ def audit_static(target: Union[str, pathlib.Path], device: str = "mlu", rules: O
             continue
         try:
             source, tree = read_python(path, str(target) if strict else rel)
+            scan = scan_source(source, rel, rules, tree)
+        except RecursionError:
+            # a pathologically nested expression (e.g. a 700-term string chain): this file only
+            if strict:
+                raise AuditInputError(f"{target}: too deeply nested to analyse") from None
+            f = _file_finding(rules, "parse-error", rel, "too deeply nested to analyse (RecursionError)")
+            if f:
+                findings.append(f)
+            continue
         except AuditInputError as exc:
             if strict:
                 raise
@@ -122,11 +139,12 @@ def audit_static(target: Union[str, pathlib.Path], device: str = "mlu", rules: O
             if f:
                 findings.append(f)
             continue
-        scan = scan_source(source, rel, rules, tree)
         n_files += 1
         n_lines += scan.lines
         scans.append(scan)
         sources[rel] = source
+        encodings[rel] = source_encoding(path)
         findings.extend(scan.findings)
     findings.sort(key=lambda f: (f.path, f.line, f.column, f.rule))
-    return StaticAudit(root, target, rules, scans, sources, findings, n_files, n_lines, time.perf_counter() - t0)
+    return StaticAudit(root, target, rules, scans, sources, findings, n_files, n_lines, time.perf_counter() - t0,
+                       encodings)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import stat
 import tokenize
 from typing import Iterator
 
@@ -43,10 +44,24 @@ def iter_sources(root: pathlib.Path) -> Iterator[pathlib.Path]:
                 yield pathlib.Path(dirpath, name)
 
 
+def source_encoding(path: pathlib.Path) -> str:
+    """The encoding Python reads ``path`` with (its coding declaration or BOM; "utf-8" by default)."""
+    import io
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        return tokenize.detect_encoding(io.BytesIO(head).readline)[0]
+    except (OSError, SyntaxError, LookupError):
+        return "utf-8"
+
+
 def read_python(path: pathlib.Path, display: str) -> tuple[str, ast.Module]:
     """Source text and syntax tree of ``path``; ``display`` is the name used in error messages."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, socket or device named *.py: reading it could block forever
+            raise AuditInputError(f"{display}: not a regular file")
+        size = st.st_size
         if size > MAX_SOURCE_BYTES:
             raise AuditInputError(f"{display}: {size / 2**20:.0f} MiB, larger than the "
                                   f"{MAX_SOURCE_BYTES // 2**20} MiB a static audit reads")

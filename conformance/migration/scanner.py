@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
+import re
 from typing import Iterable, Optional
 
 from hal.conformance.migration.dataflow import Defs, option_names
@@ -705,11 +706,23 @@ def _insert_line(tree: ast.Module) -> int:
     return after
 
 
+_ODD_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def split_lines(source: str) -> list:
+    """``source`` split into lines with their endings, at the breaks Python's tokenizer counts
+    (``\n``, ``\r\n``, ``\r``; not form feeds or Unicode separators, unlike :meth:`str.splitlines`)."""
+    if not _ODD_BREAKS.search(source):
+        return source.splitlines(keepends=True)
+    return _LINE.findall(source)
+
+
 def scan_source(source: str, path: str, rules: RuleSet, tree: Optional[ast.Module] = None) -> FileScan:
     """Scan one file's source. Raises SyntaxError when it does not parse (the caller reports the line)."""
     if tree is None:
         tree = ast.parse(source, filename=path)
-    lines = source.splitlines(keepends=True)
+    lines = split_lines(source)
     sc = _Scanner(rules, path, lines, tree)
     sc.visit(tree)
     sc.findings.sort(key=lambda f: (f.line, f.column, f.rule))

@@ -67,14 +67,15 @@ def _out_dir(out_dir: os.PathLike) -> pathlib.Path:
     return out
 
 
-def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
-    """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically."""
+def write_artifact(out_dir: os.PathLike, kind: str, text: "str | bytes") -> pathlib.Path:
+    """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically (bytes as they are)."""
     name = ARTIFACTS[kind]
     out = _out_dir(out_dir)
     dest = out / name
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
+              os.fdopen(fd, "w", encoding="utf-8", newline="")) as fh:
             fh.write(text)
         os.replace(tmp, dest)  # replaces a symlink named `name` itself; never writes through it
     except OSError as exc:
