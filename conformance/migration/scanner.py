@@ -100,6 +100,16 @@ class FileScan:
     insert_line: int    # 0-based line index before which a new import goes
 
 
+@dataclasses.dataclass(frozen=True)
+class _At:
+    """A position to report a finding at (byte columns, like ast nodes): the line that must change."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: int
+    end_col_offset: int
+
+
 class _Scanner(ast.NodeVisitor):
     def __init__(self, rules: RuleSet, path: str, lines: list[str], tree: Optional[ast.AST] = None):
         self.r = rules
@@ -155,9 +165,12 @@ class _Scanner(ast.NodeVisitor):
         self.seen.add(key)
         l0, c0, l1, c1 = self._span(node)
         edits = {}
-        message = rule.render(found, counterpart) + note
         device = tuple(device)
-        missing = sorted({m for e in device for m in missing_symbols(e.text, self.r.api_symbols)})
+        missing = sorted({m for e in device for m in missing_symbols(e.text, self.r.api_symbols)}
+                         | set(missing_symbols(counterpart or "", self.r.api_symbols)))
+        if missing and counterpart and missing_symbols(counterpart, self.r.api_symbols):
+            counterpart = None  # never advise a name the target does not have
+        message = rule.render(found, counterpart) + note
         if missing:
             device = ()
             message += (f"; no automatic fix: {', '.join(missing)} does not exist in torch_mlu's API "
@@ -203,6 +216,17 @@ class _Scanner(ast.NodeVisitor):
         self._rewrite_cuda_import(node)
 
     def _check_import(self, node: ast.AST, qname: str) -> None:
+        r = self.r
+        need = _newer(r, qname)
+        if need:
+            self.add("torch-too-new", node, qname, need,
+                     note=f" (the target pairs with torch {r.torch_version})" if r.torch_version else "")
+            return
+        if isinstance(node, ast.Import) and qname.startswith("torch.cuda.") and qname.count(".") >= 2:
+            # `import torch.cuda.nccl as nccl`: the module itself is CUDA-only; the import rewrite (if any) fixes it
+            known, mapped = r.map_api(qname)
+            self.add("cuda-api", node, qname, mapped)
+            return
         top = qname.split(".")[0]
         if top in self.r.triton_imports:
             self.add("triton-import", node, qname)
@@ -315,14 +339,12 @@ class _Scanner(ast.NodeVisitor):
 
     def _check_qname(self, node: ast.AST, q: str) -> bool:
         r = self.r
-        if r.newer_apis:
-            parts = q.split(".")
-            for n in range(len(parts), 1, -1):
-                need = r.newer_apis.get(".".join(parts[:n]))
-                if need:
-                    self.add("torch-too-new", node, q, need,
-                             note=f" (the target pairs with torch {r.torch_version})" if r.torch_version else "")
-                    return True
+        need = _newer(r, q)
+        if need:
+            if not isinstance(node, ast.Name):  # a from-imported name: reported once, at its import
+                self.add("torch-too-new", node, q, need,
+                         note=f" (the target pairs with torch {r.torch_version})" if r.torch_version else "")
+            return True
         if q in ("torch.version.cuda", "torch.distributed.is_nccl_available",
                  "torch.distributed.distributed_c10d.is_nccl_available"):
             _, mapped = r.map_api(q)
@@ -436,7 +458,8 @@ class _Scanner(ast.NodeVisitor):
             fl, fc = func.end_lineno, self._col(func.end_lineno, func.end_col_offset) - len(attr)
             new = f"to({HAL_ALIAS}.device({', '.join(args)})" + "".join(", " + k for k in kws) + ")"
             hal = [Edit(fl, fc, l1, c1, new)]
-            self.add("cuda-method", node, ".cuda()", f".{r.tensor_method}()" if r.tensor_method else None, dev, hal)
+            at = _At(func.end_lineno, func.end_col_offset - len(attr), node.end_lineno, node.end_col_offset)
+            self.add("cuda-method", at, ".cuda()", f".{r.tensor_method}()" if r.tensor_method else None, dev, hal)
         elif attr == "add_argument" and node.args:
             options = option_names(node)
             for kw in node.keywords:
@@ -600,6 +623,22 @@ class _Scanner(ast.NodeVisitor):
         elif r.env_prefixes and name.startswith(r.env_prefixes):
             self.add("env-var-unknown", kw, name)
 
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        """``("cuda:0",) + args``: a device literal prepended to a call's argument tuple (rpc.remote ...)."""
+        if isinstance(node.op, ast.Add):
+            for side in (node.left, node.right):
+                if isinstance(side, (ast.Tuple, ast.List)):
+                    for e in side.elts:
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str) and (
+                                e.value == "cuda" or (e.value.startswith("cuda:") and e.value[5:].isdigit())):
+                            self._device_string(e)
+        self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring or a bare string statement
+        self.generic_visit(node)
+
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if self.qname(node.value) == "os.environ":
             self._env_name(node.slice)
@@ -664,12 +703,26 @@ class _Scanner(ast.NodeVisitor):
                 if isinstance(a, ast.Constant) and isinstance(a.value, str):
                     if self._cuda_literal(a.value) and self._deviceish(b):
                         self._device_string(a, "compare")
+                    if a.value == "nccl" and "backend" in _name_of(b).lower():
+                        self._dist_backend_value(a)
                     if a.value == "nccl" and isinstance(b, ast.Call) and (self.qname(b.func) or "").endswith(
                             "distributed.get_backend"):
                         self.add("nccl-backend", a, "'nccl'", repr(self.r.dist_backend),
                                  [self._edit(a, repr(self.r.dist_backend))],
                                  [self._edit(a, f"{HAL_ALIAS}.dist_backend()")])
         self.generic_visit(node)
+
+
+def _newer(r: RuleSet, q: str) -> Optional[str]:
+    """The torch release that introduced ``q`` when it is newer than the target's torch, else None."""
+    if not r.newer_apis:
+        return None
+    parts = q.split(".")
+    for n in range(len(parts), 1, -1):
+        need = r.newer_apis.get(".".join(parts[:n]))
+        if need:
+            return need
+    return None
 
 
 def _name_of(node: ast.AST) -> str:
