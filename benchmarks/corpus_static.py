@@ -51,7 +51,7 @@ _WORD = re.compile(r"cuda|nccl|gpu|accelerator|local_rank|cudnn|nvtx|cupy", re.I
 
 
 def copy_program(src: pathlib.Path, dst: pathlib.Path) -> dict:
-    """Copy the .py files of ``src`` to ``dst``; count CUDA sources."""
+    """Copy the .py and CUDA (.cu/.cuh) files of ``src`` to ``dst``; count them."""
     n = collections.Counter()
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP)
@@ -64,7 +64,10 @@ def copy_program(src: pathlib.Path, dst: pathlib.Path) -> dict:
                 shutil.copyfile(p, out)
                 n["py"] += 1
                 n["lines"] += p.read_bytes().count(b"\n")
-            elif name.endswith((".cu", ".cuh")):
+            elif name.endswith((".cu", ".cuh")) and p.is_file():
+                out = dst / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(p, out)
                 n["cu"] += 1
     return dict(n)
 
@@ -221,19 +224,21 @@ def main(argv=None) -> int:
                 "g2m_missed": sorted(f"{p}:{ln}" for p, ln in cuda_truth - g2m)}
             rows.append(r)
             for k in ("py_files", "lines", "cu_files", "cuda_lines", "hal_found", "hal_missed", "hal_false",
-                      "g2m_found", "g2m_missed", "g2m_false", "unadjudicated"):
+                      "g2m_found", "g2m_missed", "g2m_false", "unadjudicated", "hal_cu_flagged"):
                 tot[k] += r[k]
-    headers = ["program", "commit", ".py", "lines", ".cu", "CUDA lines", "hal found", "hal missed", "hal false",
+    headers = ["program", "commit", ".py", "lines", ".cu (hal flags)", "CUDA lines", "hal found", "hal missed", "hal false",
                "gpu2mlu found", "gpu2mlu missed", "gpu2mlu false", "unjudged", "patch applies (git/patch)",
                "compiles", "symbols exist"]
     table = []
     for r in rows:
         p = r["patch"]
-        table.append([r["program"], r["commit"][:10], r["py_files"], r["lines"], r["cu_files"], r["cuda_lines"],
+        table.append([r["program"], r["commit"][:10], r["py_files"], r["lines"], f'{r["cu_files"]} ({r["hal_cu_flagged"]})',
+                      r["cuda_lines"],
                       r["hal_found"], r["hal_missed"], r["hal_false"], r["g2m_found"], r["g2m_missed"],
                       r["g2m_false"], r["unadjudicated"], f"{p['git_apply']}/{p['patch_p1']}",
                       not p["compile_errors"], not p["missing_symbols"]])
-    table.append(["total", "", tot["py_files"], tot["lines"], tot["cu_files"], tot["cuda_lines"], tot["hal_found"],
+    table.append(["total", "", tot["py_files"], tot["lines"], f'{tot["cu_files"]} ({tot["hal_cu_flagged"]})',
+                  tot["cuda_lines"], tot["hal_found"],
                   tot["hal_missed"], tot["hal_false"], tot["g2m_found"], tot["g2m_missed"], tot["g2m_false"],
                   tot["unadjudicated"], "", "", ""])
     md = tabulate(table, headers, tablefmt="github")
