@@ -25,6 +25,10 @@ _INT_CALLS = frozenset({"int", "get_rank", "get_local_rank", "current_device", "
                         "get_node_local_rank"})
 
 
+_DEF_NODES = frozenset({ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.FunctionDef,
+                        ast.AsyncFunctionDef, ast.Lambda, ast.Call})
+
+
 def option_names(call: ast.Call) -> list:
     """The attribute names an ``add_argument(...)`` call may store under (every option string, ``dest``)."""
     names = []
@@ -44,6 +48,8 @@ class Defs:
         self.names: dict = {}
         self.attrs: dict = {}
         for node in ast.walk(tree):
+            if type(node) not in _DEF_NODES:
+                continue
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     self._bind(t, node.value)
