@@ -122,7 +122,7 @@ class Defs:
             return [k for k in node.keys if k is not None] + list(node.values)
         if isinstance(node, ast.Call):
             f = node.func
-            if isinstance(f, ast.Attribute) and f.attr == "format" and isinstance(f.value, ast.Constant):
+            if isinstance(f, ast.Attribute) and f.attr == "format":
                 return [f.value]
             if isinstance(f, ast.Name) and f.id == "str" and len(node.args) == 1:
                 return [node.args[0]]

@@ -7,7 +7,9 @@ import argparse
 import os
 
 import torch
+import torch.cuda.nccl as nccl  # expect: cuda-api
 import torch.distributed as dist
+import torch.distributed.rpc as rpc
 import torch.nn as nn
 
 backend = "nccl"  # expect: nccl-backend
@@ -26,6 +28,8 @@ def setup(args):
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     args.gpu = local_rank
     dist.init_process_group(backend=backend)
+    if args.dist_backend == "nccl":  # expect: nccl-backend
+        print("nccl", nccl.version())  # expect: cuda-api
     if dist.is_nccl_available():  # expect: cuda-api
         print("nccl", torch.version.cuda)  # expect: cuda-api
     return local_rank
@@ -54,6 +58,10 @@ def train(args, device=DEFAULT_DEVICE):
         pin = pin and True
     use_accel = torch.accelerator.is_available()  # expect: torch-too-new
     return torch.ones(1).to(device), pin, use_accel
+
+
+def remote_stage(worker, stage_cls, *args):
+    return rpc.remote(worker, stage_cls, args=("cuda:0",) + args)  # expect: device-string
 
 
 def load_hf(model_cls):
