@@ -9,7 +9,7 @@ For each program (a git checkout under ``--corpus``; its commit is recorded) the
 - runs torch_gpu2mlu (``--gpu2mlu``, Cambricon's script) on the copy with an empty stand-in
   ``torch_mlu`` module on ``PYTHONPATH``, in a temporary folder outside this repository, and takes
   the lines its ``report.md`` lists as changed (the added ``import torch_mlu`` lines are not counted);
-- checks hal-audit's ``--fix-to device`` patch: ``git apply --check`` and ``patch -p1`` on a fresh copy,
+- checks hal-audit's ``--fix-to device`` and ``--fix-to hal`` patches: ``git apply --check`` and ``patch -p1`` on a fresh copy,
   every patched file compiles, every ``torch.mlu.*``/``torch_mlu.*`` name on a ``+`` line exists in
   ``backends/mlu/mlu_api_symbols.txt``;
 - compares both with the ground truth ``reports/corpus/ground_truth.tsv`` (``program path line verdict
@@ -121,27 +121,28 @@ def candidate_lines(tree: pathlib.Path) -> set:
     return out
 
 
-def check_patch(tree: pathlib.Path, res, work: pathlib.Path, symbols: frozenset) -> dict:
+def check_patch(tree: pathlib.Path, res, work: pathlib.Path, symbols: frozenset, flavour: str = "device") -> dict:
+    """Apply the ``flavour`` patch with git apply --check and patch -p1 on a copy; compile; check names."""
     from hal.conformance.migration.symbols import missing_symbols
-    data = res.patch_bytes("device")
-    pf = work / "hal.patch"
+    data = res.patch_bytes(flavour)
+    pf = work / f"{flavour}.patch"
     pf.write_bytes(data)
-    out = {"files": len(res.patched("device")), "bytes": len(data)}
-    dst = work / "patched"
+    out = {"files": len(res.patched(flavour)), "bytes": len(data)}
+    dst = work / f"patched-{flavour}"
     shutil.copytree(tree, dst)
     g = subprocess.run(["git", "apply", "--check", str(pf)], cwd=dst, capture_output=True, text=True)
     out["git_apply"] = g.returncode == 0
     p = subprocess.run(["patch", "-p1", "--batch", "-s", "-i", str(pf)], cwd=dst, capture_output=True, text=True)
     out["patch_p1"] = p.returncode == 0
     bad = []
-    for rel in res.patched("device"):
+    for rel in res.patched(flavour):
         try:
             py_compile.compile(str(dst / rel), doraise=True, cfile=str(work / "x.pyc"))
         except py_compile.PyCompileError as exc:
             bad.append(f"{rel}: {str(exc).splitlines()[-1][:120]}")
     # files that did not compile before the patch are not the patch's fault
     pre = []
-    for rel in res.patched("device"):
+    for rel in res.patched(flavour):
         try:
             py_compile.compile(str(tree / rel), doraise=True, cfile=str(work / "y.pyc"))
         except py_compile.PyCompileError:
@@ -199,7 +200,8 @@ def main(argv=None) -> int:
             res, hal, hal_s = hal_lines(tree)
             g2m, g2m_s = gpu2mlu_lines(tree, pathlib.Path(args.gpu2mlu), work)
             cands = candidate_lines(tree)
-            patch = check_patch(tree, res, work, symbols)
+            patch = check_patch(tree, res, work, symbols, "device")
+            patch_hal = check_patch(tree, res, work, symbols, "hal")
             cuda_truth = {(p, ln) for (prog, p, ln), (v, _) in truth.items() if prog == name and v == "cuda"}
             judged = {(p, ln) for (prog, p, ln) in truth if prog == name}
             for key in sorted((hal | g2m | cands) - judged):
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
                  "unadjudicated": len((hal | g2m) - judged),
                  "hal_cu_flagged": sum(1 for f in res.findings if f.rule == "cuda-source"
                                        and f.path.endswith((".cu", ".cuh"))),
-                 "patch": patch, "hal_seconds": round(hal_s, 3), "g2m_seconds": round(g2m_s, 3)}
+                 "patch": patch, "patch_hal": patch_hal, "hal_seconds": round(hal_s, 3), "g2m_seconds": round(g2m_s, 3)}
             detail[name] = {
                 "hal_missed": sorted(f"{p}:{ln}  {source_line(tree, p, ln)}" for p, ln in cuda_truth - hal),
                 "hal_false": sorted(f"{p}:{ln}  {source_line(tree, p, ln)}" for p, ln in hal
@@ -227,16 +229,17 @@ def main(argv=None) -> int:
                       "g2m_found", "g2m_missed", "g2m_false", "unadjudicated", "hal_cu_flagged"):
                 tot[k] += r[k]
     headers = ["program", "commit", ".py", "lines", ".cu (hal flags)", "CUDA lines", "hal found", "hal missed", "hal false",
-               "gpu2mlu found", "gpu2mlu missed", "gpu2mlu false", "unjudged", "patch applies (git/patch)",
-               "compiles", "symbols exist"]
+               "gpu2mlu found", "gpu2mlu missed", "gpu2mlu false", "unjudged",
+               "patch applies git/patch (device; hal)", "compiles (device; hal)", "symbols exist"]
     table = []
     for r in rows:
-        p = r["patch"]
+        p, ph = r["patch"], r["patch_hal"]
         table.append([r["program"], r["commit"][:10], r["py_files"], r["lines"], f'{r["cu_files"]} ({r["hal_cu_flagged"]})',
                       r["cuda_lines"],
                       r["hal_found"], r["hal_missed"], r["hal_false"], r["g2m_found"], r["g2m_missed"],
-                      r["g2m_false"], r["unadjudicated"], f"{p['git_apply']}/{p['patch_p1']}",
-                      not p["compile_errors"], not p["missing_symbols"]])
+                      r["g2m_false"], r["unadjudicated"],
+                      f"{p['git_apply']}/{p['patch_p1']}; {ph['git_apply']}/{ph['patch_p1']}",
+                      f"{not p['compile_errors']}; {not ph['compile_errors']}", not p["missing_symbols"]])
     table.append(["total", "", tot["py_files"], tot["lines"], f'{tot["cu_files"]} ({tot["hal_cu_flagged"]})',
                   tot["cuda_lines"], tot["hal_found"],
                   tot["hal_missed"], tot["hal_false"], tot["g2m_found"], tot["g2m_missed"], tot["g2m_false"],
