@@ -1,9 +1,10 @@
 """Intra-module dataflow for the static audit: where the value at a use site can come from.
 
-:class:`Defs` indexes one module's syntax tree once (flow-insensitive, by name): assignments to
+:class:`Defs` indexes one module's statements once (flow-insensitive, by name): assignments to
 names (module constants, locals, tuple unpacking), to attributes (``args.gpu = ...``,
-``self.device = ...``), function parameter defaults and argparse defaults (under every option
-string and ``dest``). :meth:`Defs.leaves` follows an expression back through those definitions and
+``self.device = ...``), function parameter defaults and argparse defaults (``p.add_argument(...)``
+statements, under every option string and ``dest``). Walrus targets and lambda defaults are not
+indexed. :meth:`Defs.leaves` follows an expression back through those definitions and
 through ``IfExp``, ``or``/``and``, f-strings, ``.format``, ``%``, ``+``, tuples, lists, dicts and
 ``str()``/``torch.device()`` wrappers, yielding the leaf expressions (constants, f-strings, calls)
 the value is built from. :meth:`Defs.is_int_device` says whether an expression holds an integer
@@ -25,8 +26,19 @@ _INT_CALLS = frozenset({"int", "get_rank", "get_local_rank", "current_device", "
                         "get_node_local_rank"})
 
 
-_DEF_NODES = frozenset({ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.FunctionDef,
-                        ast.AsyncFunctionDef, ast.Lambda, ast.Call})
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(tree: ast.AST):
+    """Every statement of ``tree`` at any nesting (expressions are not entered: cheaper than ast.walk)."""
+    stack = list(reversed(getattr(tree, "body", [])))
+    while stack:
+        node = stack.pop()
+        yield node
+        for field in _BLOCKS:
+            block = getattr(node, field, None)
+            if block:
+                stack.extend(reversed(block))
 
 
 def option_names(call: ast.Call) -> list:
@@ -47,17 +59,15 @@ class Defs:
     def __init__(self, tree: ast.AST):
         self.names: dict = {}
         self.attrs: dict = {}
-        for node in ast.walk(tree):
-            if type(node) not in _DEF_NODES:
-                continue
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    self._bind(t, node.value)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
-                self._bind(node.target, node.value)
-            elif isinstance(node, ast.NamedExpr):
-                self._bind(node.target, node.value)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        for node in _statements(tree):
+            t = type(node)
+            if t is ast.Assign:
+                for tgt in node.targets:
+                    self._bind(tgt, node.value)
+            elif t in (ast.AnnAssign, ast.AugAssign):
+                if node.value is not None:
+                    self._bind(node.target, node.value)
+            elif t in (ast.FunctionDef, ast.AsyncFunctionDef):
                 a = node.args
                 pos = a.posonlyargs + a.args
                 for arg, d in zip(pos[len(pos) - len(a.defaults):], a.defaults):
@@ -65,12 +75,13 @@ class Defs:
                 for arg, d in zip(a.kwonlyargs, a.kw_defaults):
                     if d is not None:
                         self.names.setdefault(arg.arg, []).append(d)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr == "add_argument"):
-                default = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
-                if default is not None:
-                    for name in option_names(node):
-                        self.attrs.setdefault(name, []).append(default)
+            elif t is ast.Expr and type(node.value) is ast.Call:
+                call = node.value
+                if isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
+                    default = next((kw.value for kw in call.keywords if kw.arg == "default"), None)
+                    if default is not None:
+                        for name in option_names(call):
+                            self.attrs.setdefault(name, []).append(default)
 
     def _bind(self, target: ast.AST, value: ast.AST) -> None:
         if isinstance(target, ast.Name):

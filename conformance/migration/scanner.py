@@ -623,6 +623,9 @@ class _Scanner(ast.NodeVisitor):
         elif r.env_prefixes and name.startswith(r.env_prefixes):
             self.add("env-var-unknown", kw, name)
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """Constants have no children; this also skips NodeVisitor's deprecated visit_Num/visit_Str lookups."""
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
         """``("cuda:0",) + args``: a device literal prepended to a call's argument tuple (rpc.remote ...)."""
         if isinstance(node.op, ast.Add):
@@ -715,7 +718,7 @@ class _Scanner(ast.NodeVisitor):
 
 def _newer(r: RuleSet, q: str) -> Optional[str]:
     """The torch release that introduced ``q`` when it is newer than the target's torch, else None."""
-    if not r.newer_apis:
+    if not r.newer_apis or not q.startswith("torch."):
         return None
     parts = q.split(".")
     for n in range(len(parts), 1, -1):
