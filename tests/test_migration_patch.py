@@ -15,7 +15,7 @@ from hal.conformance.migration.scanner import Edit
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 #: errors no automatic rewrite can fix (a kernel port, a missing library feature): reported, fix None
-UNFIXABLE = {"vendor-import", "cpp-extension", "cuda-source", "reduce-op", "dist-unsupported"}
+UNFIXABLE = {"vendor-import", "cpp-extension", "cuda-source", "reduce-op", "dist-unsupported", "torch-too-new"}
 #: rules whose presence means a CUDA-only call is still in the code
 CUDA_ONLY = {"device-string", "cuda-method", "is-cuda", "cuda-api", "cuda-amp", "nccl-backend", "to-int",
              "profiler-cuda"}
@@ -45,11 +45,14 @@ def test_patch_applies_compiles_and_reaudits_clean(tmp_path, flavour):
         compile(p.read_text(), str(p), "exec")
     after = audit_static(tree, "mlu")
     errors = [f for f in after.findings if f.severity == "error"]
-    # everything left is an unfixable error that the first audit reported without a fix
-    assert {f.rule for f in errors} <= UNFIXABLE, [(f.path, f.line, f.rule) for f in errors]
-    unfixed_before = {(f.path, f.rule) for f in before.findings if f.rule in UNFIXABLE and not f.edits.get(flavour)}
-    assert {(f.path, f.rule) for f in errors} <= unfixed_before
-    assert not [f for f in after.findings if f.rule in CUDA_ONLY]
+    # everything left is an error that the first audit reported without a fix for this flavour
+    unfixed_before = {(f.path, f.rule, f.found) for f in before.findings if not f.edits.get(flavour)}
+    assert {(f.path, f.rule, f.found) for f in errors} <= unfixed_before, [(f.path, f.line, f.rule) for f in errors]
+    assert {f.rule for f in errors} <= UNFIXABLE | {"cuda-api"}
+    # CUDA-only code left over is only what has no counterpart on MLU (torch.version.cuda, torch.cuda.nccl: the
+    # audit refuses to write torch.mlu.nccl, which does not exist) or, under hal, is_nccl_available
+    assert {f.found for f in after.findings if f.rule in CUDA_ONLY} <= {
+        "torch.version.cuda", "torch.distributed.is_nccl_available", "torch.cuda.nccl", "torch.cuda.nccl.version"}
     # files whose errors are all fixable are completely clean of errors
     clean = {"cuda_train.py", "migration/amp_scaler.py", "migration/env_capability.py", "migration/float64_math.py"}
     assert not [f for f in errors if f.path in clean]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import stat
 import tokenize
 from typing import Iterator
 
@@ -39,14 +40,46 @@ def iter_sources(root: pathlib.Path) -> Iterator[pathlib.Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
                              and not os.path.isfile(os.path.join(dirpath, d, "pyvenv.cfg")))
         for name in sorted(filenames):
-            if name.endswith(".py") or name.endswith(CUDA_SUFFIXES):
+            if name.endswith((".py", ".ipynb")) or name.endswith(CUDA_SUFFIXES):
                 yield pathlib.Path(dirpath, name)
+
+
+def read_text_file(path: pathlib.Path, display: str) -> str:
+    """UTF-8 text of a regular file (notebooks); AuditInputError when missing, special, too large or not text."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise AuditInputError(f"{display}: not a regular file")
+        if st.st_size > MAX_SOURCE_BYTES:
+            raise AuditInputError(f"{display}: {st.st_size / 2**20:.0f} MiB, larger than the "
+                                  f"{MAX_SOURCE_BYTES // 2**20} MiB a static audit reads")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise AuditInputError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AuditInputError(f"{display}: not UTF-8 text (byte offset {exc.start})") from None
+
+
+def source_encoding(path: pathlib.Path) -> str:
+    """The encoding Python reads ``path`` with (its coding declaration or BOM; "utf-8" by default)."""
+    import io
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        return tokenize.detect_encoding(io.BytesIO(head).readline)[0]
+    except (OSError, SyntaxError, LookupError):
+        return "utf-8"
 
 
 def read_python(path: pathlib.Path, display: str) -> tuple[str, ast.Module]:
     """Source text and syntax tree of ``path``; ``display`` is the name used in error messages."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, socket or device named *.py: reading it could block forever
+            raise AuditInputError(f"{display}: not a regular file")
+        size = st.st_size
         if size > MAX_SOURCE_BYTES:
             raise AuditInputError(f"{display}: {size / 2**20:.0f} MiB, larger than the "
                                   f"{MAX_SOURCE_BYTES // 2**20} MiB a static audit reads")

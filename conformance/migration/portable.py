@@ -31,6 +31,18 @@ def device_type() -> str:
     return backend().device_type
 
 
+#: what :func:`accelerator_type` returns on the CPU: equal to no device type and contained in no device string
+NO_ACCELERATOR = "<no accelerator>"
+
+
+def accelerator_type() -> str:
+    """The device type a CUDA program's ``"cuda"`` *comparisons* mean: the backend's accelerator type,
+    or :data:`NO_ACCELERATOR` on the CPU backend, so ``device_type == "cuda"`` stays False there (the
+    program takes its non-accelerator branch, as it would on a machine without CUDA)."""
+    dt = device_type()
+    return NO_ACCELERATOR if dt == "cpu" else dt
+
+
 def device(index: Optional[int] = None) -> torch.device:
     """``torch.device`` for device ``index`` (None: the current device; ignored on the CPU)."""
     dt = device_type()

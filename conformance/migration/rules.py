@@ -47,6 +47,7 @@ CATALOGUE: dict[str, str] = {
     "env-var-unknown": "a CUDA/NCCL-looking environment variable the target does not map",
     "reduce-op": "a ReduceOp the target's collective library rejects",
     "dist-unsupported": "a torch.distributed call the target's process group does not support",
+    "torch-too-new": "a torch API newer than the torch release the target pairs with",
     "parse-error": "a .py file below the audited folder that does not parse",
     "unreadable": "a .py file below the audited folder that is binary or not text",
 }
@@ -92,6 +93,10 @@ class RuleSet:
     env_prefixes: tuple
     provenance: Mapping[str, Any]
     source: str
+    api_symbols: frozenset = frozenset()
+    api_symbols_source: str = ""
+    torch_version: Optional[str] = None
+    newer_apis: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def rule(self, rule_id: str) -> Optional[Rule]:
         """The enabled rule ``rule_id`` or None when the backend turns it off."""
@@ -163,7 +168,20 @@ def load_rules(backend: str, path: Optional[str] = None) -> RuleSet:
         reduce_ops_unsupported=frozenset(data.get("reduce_ops_unsupported") or ()),
         dist_unsupported=frozenset(data.get("dist_unsupported") or ()),
         env=dict(data.get("env") or {}), env_prefixes=tuple(data.get("env_prefixes") or ()),
-        provenance=dict(data.get("provenance") or {}), source=str(p))
+        provenance=dict(data.get("provenance") or {}), source=str(p),
+        api_symbols=_symbols(p, data.get("api_symbols")), api_symbols_source=str(data.get("api_symbols") or ""),
+        torch_version=str(data["torch"]) if data.get("torch") else None,
+        newer_apis={str(k): str(v) for k, v in (data.get("newer_apis") or {}).items()})
+
+
+def _symbols(rules_path: pathlib.Path, name: Optional[str]) -> frozenset:
+    if not name:
+        return frozenset()
+    from hal.conformance.migration.symbols import load_symbols
+    try:
+        return load_symbols(rules_path.with_name(name))
+    except OSError as exc:
+        raise RulesError(f"{rules_path}: cannot read api_symbols {name}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=None)

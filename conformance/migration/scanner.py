@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import pathlib
+import re
 from typing import Iterable, Optional
 
+from hal.conformance.migration.dataflow import Defs, option_names
 from hal.conformance.migration.rules import RuleSet, hal_map, longest_prefix
+from hal.conformance.migration.symbols import missing_symbols
 
 HAL_ALIAS = "hal_portable"
 HAL_IMPORT = f"import hal.conformance.migration.portable as {HAL_ALIAS}"
@@ -32,7 +36,10 @@ _DEVICE_ARG0 = frozenset({"torch.device", "torch.Generator", "torch.autocast", "
                           "torch.get_autocast_dtype", "torch.set_autocast_dtype", "torch.is_autocast_enabled",
                           "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh"})
 #: keyword arguments that hold a device
-_DEVICE_KWARGS = frozenset({"device", "device_type", "map_location", "pin_memory_device"})
+_DEVICE_KWARGS = frozenset({"device", "device_type", "map_location", "pin_memory_device", "device_map",
+                            "output_device"})
+#: keyword arguments that hold an integer-or-device where an int means "CUDA device N"
+_INT_DEVICE_KWARGS = frozenset({"device", "map_location", "output_device"})
 #: names compared against a device string (x.device.type == "cuda", device == "cuda")
 _DEVICE_COMPARE_ATTRS = frozenset({"type", "device_type", "device"})
 _DIST_CALLS = frozenset({"init_process_group", "new_group", "new_subgroups"})
@@ -93,9 +100,20 @@ class FileScan:
     insert_line: int    # 0-based line index before which a new import goes
 
 
+@dataclasses.dataclass(frozen=True)
+class _At:
+    """A position to report a finding at (byte columns, like ast nodes): the line that must change."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: int
+    end_col_offset: int
+
+
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, rules: RuleSet, path: str, lines: list[str]):
+    def __init__(self, rules: RuleSet, path: str, lines: list[str], tree: Optional[ast.AST] = None):
         self.r = rules
+        self.defs = Defs(tree) if tree is not None else Defs(ast.Module(body=[], type_ignores=[]))
         self.path = path
         self.lines = lines
         self.aliases: dict[str, str] = {}
@@ -137,7 +155,7 @@ class _Scanner(ast.NodeVisitor):
 
     # ---- recording ------------------------------------------------------------------------
     def add(self, rule_id: str, node: ast.AST, found: str, counterpart: Optional[str] = None,
-            device: Iterable[Edit] = (), hal: Iterable[Edit] = ()) -> None:
+            device: Iterable[Edit] = (), hal: Iterable[Edit] = (), note: str = "") -> None:
         rule = self.r.rule(rule_id)
         if rule is None:
             return
@@ -147,12 +165,22 @@ class _Scanner(ast.NodeVisitor):
         self.seen.add(key)
         l0, c0, l1, c1 = self._span(node)
         edits = {}
+        device = tuple(device)
+        missing = sorted({m for e in device for m in missing_symbols(e.text, self.r.api_symbols)}
+                         | set(missing_symbols(counterpart or "", self.r.api_symbols)))
+        if missing and counterpart and missing_symbols(counterpart, self.r.api_symbols):
+            counterpart = None  # never advise a name the target does not have
+        message = rule.render(found, counterpart) + note
+        if missing:
+            device = ()
+            message += (f"; no automatic fix: {', '.join(missing)} does not exist in torch_mlu's API "
+                        f"({pathlib.Path(self.r.api_symbols_source).name})")
         if device:
-            edits["device"] = tuple(device)
+            edits["device"] = device
         if hal:
             edits["hal"] = tuple(hal)
         self.findings.append(Finding(rule_id, self.path, l0, c0 + 1, rule.severity,
-                                     rule.render(found, counterpart), found, counterpart, l1, c1 + 1, edits))
+                                     message, found, counterpart, l1, c1 + 1, edits))
 
     # ---- name resolution ------------------------------------------------------------------
     def qname(self, node: ast.AST) -> Optional[str]:
@@ -188,6 +216,17 @@ class _Scanner(ast.NodeVisitor):
         self._rewrite_cuda_import(node)
 
     def _check_import(self, node: ast.AST, qname: str) -> None:
+        r = self.r
+        need = _newer(r, qname)
+        if need:
+            self.add("torch-too-new", node, qname, need,
+                     note=f" (the target pairs with torch {r.torch_version})" if r.torch_version else "")
+            return
+        if isinstance(node, ast.Import) and qname.startswith("torch.cuda.") and qname.count(".") >= 2:
+            # `import torch.cuda.nccl as nccl`: the module itself is CUDA-only; the import rewrite (if any) fixes it
+            known, mapped = r.map_api(qname)
+            self.add("cuda-api", node, qname, mapped)
+            return
         top = qname.split(".")[0]
         if top in self.r.triton_imports:
             self.add("triton-import", node, qname)
@@ -247,6 +286,8 @@ class _Scanner(ast.NodeVisitor):
             text = f"from {parent} import " + ", ".join(items)
         if multi and any("#" in self.lines[i] for i in range(node.lineno - 1, node.end_lineno)):
             return  # a comment inside a parenthesised import: leave it to the engineer
+        if missing_symbols(text, self.r.api_symbols):
+            return  # e.g. torch.cuda.nccl -> torch.mlu.nccl, which torch_mlu does not have
         edit = self._edit(node, text)
         self.import_edits.append(edit)
         for a in node.names:
@@ -284,7 +325,12 @@ class _Scanner(ast.NodeVisitor):
                 return [self._edit(node, self._text(sub) + mapped[len(sq):])]
             if not isinstance(sub, ast.Attribute):
                 fix = self.alias_fix.get(sub.id) if isinstance(sub, ast.Name) else None
-                return [fix] if fix else []  # the rewritten import fixes this use
+                if fix:
+                    return [fix]  # the rewritten import fixes this use
+                top = mapped.split(".")[0]
+                if self.aliases.get(top) == top and isinstance(node, ast.Attribute):
+                    return [self._edit(node, mapped)]  # `dist.is_nccl_available` -> `torch.mlu.is_cncl_available`
+                return []
             sub = sub.value
 
     def _hal_rewrite(self, node: ast.AST, q: str) -> list[Edit]:
@@ -293,6 +339,17 @@ class _Scanner(ast.NodeVisitor):
 
     def _check_qname(self, node: ast.AST, q: str) -> bool:
         r = self.r
+        need = _newer(r, q)
+        if need:
+            if not isinstance(node, ast.Name):  # a from-imported name: reported once, at its import
+                self.add("torch-too-new", node, q, need,
+                         note=f" (the target pairs with torch {r.torch_version})" if r.torch_version else "")
+            return True
+        if q in ("torch.version.cuda", "torch.distributed.is_nccl_available",
+                 "torch.distributed.distributed_c10d.is_nccl_available"):
+            _, mapped = r.map_api(q)
+            self.add("cuda-api", node, q, mapped, self._device_rewrite(node, q, mapped), self._hal_rewrite(node, q))
+            return True
         if q.startswith("torch.cuda.") or q == "torch.cuda":
             known, mapped = r.map_api(q)
             rule = "cuda-amp" if q.startswith("torch.cuda.amp.") else (
@@ -374,9 +431,13 @@ class _Scanner(ast.NodeVisitor):
                         for k in a.keys:
                             if k is not None:
                                 self._env_name(k)
+            if leaf == "set_device" and node.args:
+                self._device_string(node.args[0])
         for kw in node.keywords:
             if kw.arg in _DEVICE_KWARGS:
                 self._device_string(kw.value)
+            if kw.arg in _INT_DEVICE_KWARGS:
+                self._to_int(kw.value)
         self.generic_visit(node)
 
     def _method_call(self, node: ast.Call, func: ast.Attribute) -> None:
@@ -397,15 +458,18 @@ class _Scanner(ast.NodeVisitor):
             fl, fc = func.end_lineno, self._col(func.end_lineno, func.end_col_offset) - len(attr)
             new = f"to({HAL_ALIAS}.device({', '.join(args)})" + "".join(", " + k for k in kws) + ")"
             hal = [Edit(fl, fc, l1, c1, new)]
-            self.add("cuda-method", node, ".cuda()", f".{r.tensor_method}()" if r.tensor_method else None, dev, hal)
-        elif attr == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) and isinstance(
-                node.args[0].value, str):
-            option = node.args[0].value.lstrip("-").replace("-", "_")
+            at = _At(func.end_lineno, func.end_col_offset - len(attr), node.end_lineno, node.end_col_offset)
+            self.add("cuda-method", at, ".cuda()", f".{r.tensor_method}()" if r.tensor_method else None, dev, hal)
+        elif attr == "add_argument" and node.args:
+            options = option_names(node)
             for kw in node.keywords:
-                if kw.arg == "default" and _is_device_name(option):
+                if kw.arg == "default" and any(_is_device_name(o) for o in options):
                     self._device_string(kw.value)
-                elif kw.arg == "default" and option in ("backend", "dist_backend", "dist_url_backend"):
+                elif kw.arg == "default" and any(o in ("backend", "dist_backend", "dist_url_backend")
+                                                 for o in options):
                     self._dist_backend_value(kw.value)
+        elif attr == "startswith" and node.args and self._deviceish(func.value):
+            self._device_string(node.args[0], "compare")
         elif attr == "double" and not node.args and not node.keywords:
             self.add("float64", node, ".double()")
         elif attr == "to":
@@ -416,41 +480,82 @@ class _Scanner(ast.NodeVisitor):
                 if kw.arg == "device":
                     self._to_int(kw.value)
 
-    def _to_int(self, arg: ast.AST) -> None:
+    def _to_int(self, arg: ast.AST, use: Optional[ast.AST] = None) -> None:
+        """``.to(n)`` / ``device=n`` with an integer ``n`` (a literal or a rank variable): CUDA device n."""
+        dt = self.r.device_type
         if isinstance(arg, ast.Constant) and type(arg.value) is int:
             n = arg.value
-            dt = self.r.device_type
             target = f'"{dt}:{n}"' if self.r.device_index else f'"{dt}"'
             self.add("to-int", arg, str(n), target, [self._edit(arg, target)],
                      [self._edit(arg, f"{HAL_ALIAS}.device({n})")])
-
-    def _device_string(self, arg: ast.AST) -> None:
-        r = self.r
-        if isinstance(arg, ast.IfExp):
-            self._device_string(arg.body)
-            self._device_string(arg.orelse)
-        elif isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            s = arg.value
-            if s == "cuda":
-                index = None
-            elif s.startswith("cuda:") and s[5:].isdigit():
-                index = s[5:]
-            else:
-                return
-            new = r.device_type + (f":{index}" if index is not None and r.device_index else "")
+        elif isinstance(arg, (ast.Name, ast.Attribute, ast.Call, ast.BinOp)) and self.defs.is_int_device(arg):
             src = self._text(arg)
-            text = src.replace(s, new) if src.count(s) == 1 else repr(new)
-            hal = f"{HAL_ALIAS}.device_type()" if index is None else f"{HAL_ALIAS}.device_name({index})"
-            self.add("device-string", arg, repr(s), repr(new), [self._edit(arg, text)], [self._edit(arg, hal)])
-        elif isinstance(arg, ast.JoinedStr) and len(arg.values) == 2:
-            head, val = arg.values
-            if (isinstance(head, ast.Constant) and head.value == "cuda:" and isinstance(val, ast.FormattedValue)
-                    and val.conversion == -1 and val.format_spec is None):
-                src = self._text(arg)
-                dev = [self._edit(arg, src.replace("cuda:", f"{r.device_type}:", 1))] if r.device_index else [
-                    self._edit(arg, repr(r.device_type))]
-                hal = [self._edit(arg, f"{HAL_ALIAS}.device_name({self._text(val.value)})")]
-                self.add("device-string", arg, src, f'f"{r.device_type}:{{...}}"', dev, hal)
+            target = f'"{dt}:{{}}".format({src})' if self.r.device_index else f'"{dt}"'
+            self.add("to-int", arg, src, target, [self._edit(arg, target)],
+                     [self._edit(arg, f"{HAL_ALIAS}.device({src})")])
+
+    @staticmethod
+    def _cuda_literal(value: str) -> bool:
+        return value == "cuda" or value.startswith("cuda:")
+
+    def _device_string(self, arg: ast.AST, role: str = "device", use: Optional[ast.AST] = None) -> None:
+        """Flag every "cuda"/"cuda:N" literal ``arg``'s value is built from (through the module's dataflow).
+
+        ``role`` "device": the value is used as a device; "compare": it is compared with a device
+        (``--fix-to hal`` then compares with the HAL's accelerator type, so CPU runs take the non-CUDA branch).
+        The finding is on the literal (the line that must change); the message names the use site.
+        """
+        for leaf in self.defs.leaves(arg):
+            note = ""
+            if leaf is not arg and leaf.lineno != arg.lineno:
+                what = "compared with a device" if role == "compare" else "used as a device"
+                note = f" ({what} at line {arg.lineno}: {self._text(arg).strip()[:60]})"
+            if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str) and self._cuda_literal(leaf.value):
+                self._cuda_constant(leaf, role, note)
+            elif isinstance(leaf, ast.JoinedStr) and leaf.values:
+                head = leaf.values[0]
+                if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith("cuda:"):
+                    self._cuda_fstring(leaf, role, note)
+
+    def _cuda_constant(self, arg: ast.Constant, role: str, note: str) -> None:
+        r = self.r
+        s = arg.value
+        rest = s[4:]
+        exact = s == "cuda" or (rest[1:].isdigit())
+        index = rest[1:] if rest[1:].isdigit() else None
+        if exact:
+            new = r.device_type + (f":{index}" if index is not None and r.device_index else "")
+        else:
+            new = r.device_type + rest
+        src = self._text(arg)
+        text = src.replace(s, new) if src.count(s) == 1 else repr(new)
+        if role == "compare":
+            hal = f"{HAL_ALIAS}.accelerator_type()" if s == "cuda" else (
+                f"({HAL_ALIAS}.accelerator_type() + {rest!r})")
+        elif s == "cuda":
+            hal = f"{HAL_ALIAS}.device_type()"
+        elif index is not None:
+            hal = f"{HAL_ALIAS}.device_name({index})"
+        else:
+            hal = f"({HAL_ALIAS}.device_type() + {rest!r})"
+        self.add("device-string", arg, repr(s), repr(new), [self._edit(arg, text)], [self._edit(arg, hal)], note)
+
+    def _cuda_fstring(self, arg: ast.JoinedStr, role: str, note: str) -> None:
+        r = self.r
+        src = self._text(arg)
+        if src.count("cuda") != 1:
+            self.add("device-string", arg, src, f'f"{r.device_type}:{{...}}"', note=note)
+            return
+        dev = [self._edit(arg, src.replace("cuda:", f"{r.device_type}:", 1))] if r.device_index else [
+            self._edit(arg, repr(r.device_type))]
+        val = arg.values[1] if len(arg.values) == 2 else None
+        fn = "accelerator_type" if role == "compare" else "device_type"
+        if (role == "device" and isinstance(arg.values[0], ast.Constant) and arg.values[0].value == "cuda:"
+                and isinstance(val, ast.FormattedValue) and val.conversion == -1 and val.format_spec is None):
+            hal = [self._edit(arg, f"{HAL_ALIAS}.device_name({self._text(val.value)})")]
+        else:
+            hal = [self._edit(arg, f"({HAL_ALIAS}.{fn}() + {src.replace('cuda', '', 1)})")]
+        self.add("device-string", arg, src, f'f"{r.device_type}:{{...}}"', dev, hal, note)
 
     def _dist_backend(self, node: ast.Call) -> None:
         cands = [kw.value for kw in node.keywords if kw.arg == "backend"]
@@ -460,21 +565,24 @@ class _Scanner(ast.NodeVisitor):
             self._dist_backend_value(arg)
 
     def _dist_backend_value(self, arg: ast.AST) -> None:
-        if isinstance(arg, ast.IfExp):
-            self._dist_backend_value(arg.body)
-            self._dist_backend_value(arg.orelse)
-            return
-        if True:
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and "nccl" in arg.value.split(
-                    ",") + [p.partition(":")[2] for p in arg.value.split(",")]:
-                s = arg.value
-                new = ",".join(self.r.dist_backend if p == "nccl" else
-                               (f"{self.r.device_type}:{self.r.dist_backend}" if p == "cuda:nccl" else p)
-                               for p in s.split(","))
-                src = self._text(arg)
-                text = src.replace(s, new) if src.count(s) == 1 else repr(new)
-                self.add("nccl-backend", arg, repr(s), repr(new), [self._edit(arg, text)],
-                         [self._edit(arg, f"{HAL_ALIAS}.dist_backend()")])
+        """Flag every "nccl" literal the backend argument's value is built from (dataflow as for devices)."""
+        for leaf in self.defs.leaves(arg):
+            if not (isinstance(leaf, ast.Constant) and isinstance(leaf.value, str)):
+                continue
+            parts = leaf.value.split(",")
+            if "nccl" not in parts + [p.partition(":")[2] for p in parts]:
+                continue
+            note = ""
+            if leaf is not arg and leaf.lineno != arg.lineno:
+                note = f" (used as the process-group backend at line {arg.lineno})"
+            s = leaf.value
+            new = ",".join(self.r.dist_backend if p == "nccl" else
+                           (f"{self.r.device_type}:{self.r.dist_backend}" if p == "cuda:nccl" else p)
+                           for p in parts)
+            src = self._text(leaf)
+            text = src.replace(s, new) if src.count(s) == 1 else repr(new)
+            self.add("nccl-backend", leaf, repr(s), repr(new), [self._edit(leaf, text)],
+                     [self._edit(leaf, f"{HAL_ALIAS}.dist_backend()")], note)
 
     def _cpp_extension(self, node: ast.Call, fq: str, leaf: str) -> None:
         cuda_files = [n for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
@@ -515,6 +623,25 @@ class _Scanner(ast.NodeVisitor):
         elif r.env_prefixes and name.startswith(r.env_prefixes):
             self.add("env-var-unknown", kw, name)
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """Constants have no children; this also skips NodeVisitor's deprecated visit_Num/visit_Str lookups."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        """``("cuda:0",) + args``: a device literal prepended to a call's argument tuple (rpc.remote ...)."""
+        if isinstance(node.op, ast.Add):
+            for side in (node.left, node.right):
+                if isinstance(side, (ast.Tuple, ast.List)):
+                    for e in side.elts:
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str) and (
+                                e.value == "cuda" or (e.value.startswith("cuda:") and e.value[5:].isdigit())):
+                            self._device_string(e)
+        self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring or a bare string statement
+        self.generic_visit(node)
+
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if self.qname(node.value) == "os.environ":
             self._env_name(node.slice)
@@ -541,6 +668,18 @@ class _Scanner(ast.NodeVisitor):
                         self.cap_names.add(n.id)
         self.generic_visit(node)
 
+    def _deviceish(self, node: ast.AST) -> bool:
+        """Whether ``node`` holds a device or device type (by name, or because a "cuda" literal flows into it)."""
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
+            node = node.args[0]
+        name = _name_of(node)
+        if not name:
+            return False
+        if name in _DEVICE_COMPARE_ATTRS or _is_device_name(name):
+            return True
+        return any(isinstance(leaf, ast.Constant) and isinstance(leaf.value, str) and self._cuda_literal(leaf.value)
+                   for leaf in self.defs.leaves(node))
+
     def _is_capability(self, node: ast.AST) -> bool:
         for n in ast.walk(node):
             if isinstance(n, ast.Name) and n.id in self.cap_names:
@@ -559,17 +698,42 @@ class _Scanner(ast.NodeVisitor):
         for op, left, right in zip(node.ops, operands, operands[1:]):
             if isinstance(op, (ast.In, ast.NotIn)) and self.qname(right) == "os.environ":
                 self._env_name(left)
+            if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.List, ast.Tuple)) and (
+                    self._deviceish(left)):
+                for e in right.elts:
+                    self._device_string(e, "compare")
             for a, b in ((left, right), (right, left)):
                 if isinstance(a, ast.Constant) and isinstance(a.value, str):
-                    if (isinstance(b, ast.Attribute) and b.attr in _DEVICE_COMPARE_ATTRS) or (
-                            isinstance(b, ast.Name) and b.id in _DEVICE_COMPARE_ATTRS):
-                        self._device_string(a)
+                    if self._cuda_literal(a.value) and self._deviceish(b):
+                        self._device_string(a, "compare")
+                    if a.value == "nccl" and "backend" in _name_of(b).lower():
+                        self._dist_backend_value(a)
                     if a.value == "nccl" and isinstance(b, ast.Call) and (self.qname(b.func) or "").endswith(
                             "distributed.get_backend"):
                         self.add("nccl-backend", a, "'nccl'", repr(self.r.dist_backend),
                                  [self._edit(a, repr(self.r.dist_backend))],
                                  [self._edit(a, f"{HAL_ALIAS}.dist_backend()")])
         self.generic_visit(node)
+
+
+def _newer(r: RuleSet, q: str) -> Optional[str]:
+    """The torch release that introduced ``q`` when it is newer than the target's torch, else None."""
+    if not r.newer_apis or not q.startswith("torch."):
+        return None
+    parts = q.split(".")
+    for n in range(len(parts), 1, -1):
+        need = r.newer_apis.get(".".join(parts[:n]))
+        if need:
+            return need
+    return None
+
+
+def _name_of(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
 
 
 def _is_device_name(name: str) -> bool:
@@ -598,12 +762,24 @@ def _insert_line(tree: ast.Module) -> int:
     return after
 
 
+_ODD_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def split_lines(source: str) -> list:
+    """``source`` split into lines with their endings, at the breaks Python's tokenizer counts
+    (``\n``, ``\r\n``, ``\r``; not form feeds or Unicode separators, unlike :meth:`str.splitlines`)."""
+    if not _ODD_BREAKS.search(source):
+        return source.splitlines(keepends=True)
+    return _LINE.findall(source)
+
+
 def scan_source(source: str, path: str, rules: RuleSet, tree: Optional[ast.Module] = None) -> FileScan:
     """Scan one file's source. Raises SyntaxError when it does not parse (the caller reports the line)."""
     if tree is None:
         tree = ast.parse(source, filename=path)
-    lines = source.splitlines(keepends=True)
-    sc = _Scanner(rules, path, lines)
+    lines = split_lines(source)
+    sc = _Scanner(rules, path, lines, tree)
     sc.visit(tree)
     sc.findings.sort(key=lambda f: (f.line, f.column, f.rule))
     return FileScan(path, len(lines), sc.findings, sc.import_edits, sc.has_import, _insert_line(tree))

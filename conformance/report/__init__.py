@@ -81,15 +81,16 @@ def current_umask() -> int:
     return mask
 
 
-def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
-    """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically."""
+def write_artifact(out_dir: os.PathLike, kind: str, text: "str | bytes") -> pathlib.Path:
+    """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically (bytes as they are)."""
     name = ARTIFACTS[kind]
     out = _out_dir(out_dir)
     dest = out / name
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
         os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; reports follow the umask
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
+              os.fdopen(fd, "w", encoding="utf-8", newline="")) as fh:
             fh.write(text)
         os.replace(tmp, dest)  # replaces a symlink named `name` itself; never writes through it
     except OSError as exc:

@@ -230,7 +230,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         written = {}
         if args.fix:
-            written["patch"] = rep.write_artifact(args.out, "patch", static.patch(args.fix_to))
+            written["patch"] = rep.write_artifact(args.out, "patch", static.patch_bytes(args.fix_to))
             report["fix"] = {"flavour": args.fix_to, "patch": str(written["patch"]),
                              "files": len(static.patched(args.fix_to)),
                              "apply": f"cd {static.root} && patch -p1 < {os.path.abspath(written['patch'])}"}
