@@ -221,3 +221,50 @@ def test_priority_order_is_mlu_cuda_cpu():
     from hal.backends.cuda import CudaBackend
     from hal.backends.mlu import MluBackend
     assert MluBackend.priority > CudaBackend.priority > CpuBackend.priority
+
+
+# -- static rules and patch writing: hand-written sources and their expected rewrites -----------
+DEVICE_SRC = '''import torch
+train_device = "cuda:1"
+eval_devices = "cuda"
+dev = "cuda"
+x = torch.zeros(2, device="cuda")
+'''
+
+
+def test_static_device_strings_by_variable_name():
+    """Names that hold a device (dev, *_device, a device= keyword) are rewritten; other strings are
+    left alone (``eval_devices`` is a plain name, its value could mean anything)."""
+    from hal.conformance.migration import load_rules
+    from hal.conformance.migration.patch import apply_edits
+    from hal.conformance.migration.scanner import scan_source
+    scan = scan_source(DEVICE_SRC, "x.py", load_rules("mlu"))
+    assert [(f.line, f.rule) for f in scan.findings] == [(2, "device-string"), (4, "device-string"),
+                                                        (5, "device-string")]
+    edits = [e for f in scan.findings for e in f.edits["device"]]
+    assert apply_edits(DEVICE_SRC, edits) == DEVICE_SRC.replace('"cuda:1"', '"mlu:1"').replace(
+        'dev = "cuda"', 'dev = "mlu"').replace('device="cuda"', 'device="mlu"')
+
+
+def test_patch_overlapping_edits_keep_the_outer_one_in_any_order():
+    from hal.conformance.migration.patch import apply_edits
+    from hal.conformance.migration.scanner import Edit
+    outer, inner = Edit(1, 4, 1, 8, "g(y)"), Edit(1, 6, 1, 7, "a_longer_name")
+    for edits in ([outer, inner], [inner, outer]):
+        assert apply_edits("a = f(x)\nb = 1\n", edits) == "a = g(y)\nb = 1\n"
+    # adjacent (touching) edits are both kept
+    assert apply_edits("ab\n", [Edit(1, 0, 1, 1, "X"), Edit(1, 1, 1, 2, "Y")]) == "XY\n"
+
+
+def test_patch_adds_the_device_import_once():
+    """The device flavour adds ``import torch_mlu`` after ``import torch`` only when it is missing."""
+    from hal.conformance.migration import load_rules
+    from hal.conformance.migration.patch import patched_source
+    from hal.conformance.migration.scanner import scan_source
+    rules = load_rules("mlu")
+    has = 'import torch\nimport torch_mlu\nx = torch.zeros(2, device="cuda")\n'
+    assert patched_source(scan_source(has, "x.py", rules), has, "device", "torch_mlu") == has.replace("cuda", "mlu")
+    lacks = 'import torch\nx = torch.zeros(2, device="cuda")\n'
+    lines = patched_source(scan_source(lacks, "x.py", rules), lacks, "device", "torch_mlu").splitlines()
+    assert lines[0] == "import torch" and lines[1].startswith("import torch_mlu  # noqa: F401")
+    assert lines[2:] == ['x = torch.zeros(2, device="mlu")']
