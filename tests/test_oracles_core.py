@@ -268,3 +268,22 @@ def test_patch_adds_the_device_import_once():
     lines = patched_source(scan_source(lacks, "x.py", rules), lacks, "device", "torch_mlu").splitlines()
     assert lines[0] == "import torch" and lines[1].startswith("import torch_mlu  # noqa: F401")
     assert lines[2:] == ['x = torch.zeros(2, device="mlu")']
+
+
+def test_fallback_totals_add_up_every_call_and_errors_name_the_policies():
+    import hal.ops
+    op = _forced("gelu")
+    x = torch.ones(3)
+    for _ in range(3):
+        op(x, fallback="cpu")
+    recs = [r for r in hal.ops.fallback_log() if r.op.startswith("oracle_gelu_")]
+    mine = {r.op for r in recs}
+    assert len(mine) >= 1
+    for opname in mine:
+        rs = [r for r in recs if r.op == opname]
+        tot = hal.ops.fallback_totals()[(opname, "cpu")]
+        assert tot.calls == len(rs)
+        assert tot.seconds == pytest.approx(sum(r.seconds for r in rs), rel=1e-9, abs=1e-12)
+    from hal.ops import current_policy
+    with pytest.raises(ValueError, match=r"unknown fallback policy 'gpu'; one of cpu, warn, error"):
+        current_policy("gpu")
