@@ -169,6 +169,11 @@ CATALOGUE: list[Mutation] = [
       'unsupported_reduce_ops = frozenset({"BAND", "BOR", "BXOR"})', T + "test_mlu_contract.py"),
     M("mlu_bf16_gate", "dtype gates", "backends/mlu/backend.py",
       "if major >= need)", "if major + 1 >= need)", T + "test_mlu_contract.py"),
+    # -- the GPU path: HAL_REQUIRE_BACKENDS in tests/conftest.py ------------------------------------------
+    M("require_backends_never_fails", "GPU path", "tests/conftest.py",
+      '        report.outcome = "failed"\n', "        pass\n", T + "test_require_backends.py"),
+    M("require_backends_fails_shape_skips", "GPU path", "tests/conftest.py",
+      "and not any(s in reason for s in SHAPE_SKIPS)", "", T + "test_require_backends.py"),
     # -- static rules and patch writing ------------------------------------------------------------------
     M("device_name_misses_suffix", "static rules", "conformance/migration/scanner.py",
       'or name.endswith("_device")', 'or name.endswith("_devices")', ORACLES, "-k", "static"),
