@@ -146,6 +146,8 @@ CATALOGUE: list[Mutation] = [
       "return F.silu(a) * b", "return F.silu(b) * a", T + "test_ops_properties.py", "-k", "silu_and_mul"),
     M("add_rms_norm_drops_residual", "hal.ops semantics", "hal/ops/torch_impl.py",
       "    h = input + residual\n", "    h = input + input\n", T + "test_ops_properties.py", "-k", "silu_and_mul"),
+    M("fallback_totals_seconds_overwritten", "fallback policy", "hal/ops/fallback.py",
+      "tot.seconds += rec.seconds", "tot.seconds = rec.seconds", ORACLES, "-k", "totals"),
     # -- collectives and matrix merges ----------------------------------------------------------------
     M("collectives_drop_rank_gt0_failure", "collectives merge", "conformance/collectives.py",
       'if other.status == "fail" and row.status != "fail":', "if False:",
