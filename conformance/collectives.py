@@ -9,13 +9,15 @@ the exact expected result. Ranks that die or hang are reported, never waited on 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
-import socket
+import shutil
+import tempfile
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -39,10 +41,17 @@ class Row:
         return dataclasses.asdict(self)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def file_rendezvous() -> Iterator[str]:
+    """A ``file://`` init method in a fresh private folder, removed afterwards.
+
+    Local ranks meet through a file store, not a TCP port: a port picked free and closed can be
+    taken by another process before rank 0 binds it again."""
+    folder = tempfile.mkdtemp(prefix="hal-rdzv-")
+    try:
+        yield "file://" + os.path.join(folder, "store")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _inputs(rank: int, ws: int, case: int, n: int, op: str, dtype: torch.dtype) -> torch.Tensor:
@@ -207,9 +216,13 @@ def run(device: str, world_size: int, timeout_s: float = 120.0, dtypes: tuple[st
     yields one failing row naming it."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return run_rank(device, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, timeout_s, dtypes)
+    with file_rendezvous() as init_method:
+        return _spawn(device, world_size, timeout_s, dtypes, init_method)
+
+
+def _spawn(device: str, world_size: int, timeout_s: float, dtypes: tuple[str, ...], init_method: str) -> list[Row]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_worker, args=(device, r, world_size, init_method, timeout_s, dtypes, queue),
                          daemon=True) for r in range(world_size)]
     for p in procs:

@@ -1,4 +1,14 @@
-"""Shared fixtures. Tests run against the installed package (``pip install -e .``)."""
+"""Shared fixtures. Tests run against the installed package (``pip install -e .``).
+
+Also, for the whole suite:
+
+- hypothesis profiles: ``ci`` (derandomized: the same examples every run; chosen when ``$CI`` is
+  set) and ``dev`` (random, a fresh seed each run); ``$HYPOTHESIS_PROFILE`` picks one explicitly.
+- ``HAL_REQUIRE_BACKENDS=cuda[,mlu...]``: a test that skips because a required backend (or its
+  kernel toolchain) is not usable here *fails* instead. A device test's skip reason starts with
+  ``"<backend>: "`` (the backend's own probe reason); skips for a machine shape the run does not
+  have (``need 2 devices``) stay skips.
+"""
 from __future__ import annotations
 
 import os
@@ -7,8 +17,43 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+_HYP = dict(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", derandomize=True, print_blob=True, **_HYP)
+settings.register_profile("dev", **_HYP)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+#: skip reasons that name a machine shape, not a missing backend (stay skips under HAL_REQUIRE_BACKENDS)
+SHAPE_SKIPS = ("need 2 devices",)
+
+
+def required_backends() -> tuple[str, ...]:
+    """Backends named in ``$HAL_REQUIRE_BACKENDS`` (comma-separated), lower case."""
+    return tuple(b.strip().lower() for b in os.environ.get("HAL_REQUIRE_BACKENDS", "").split(",") if b.strip())
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    text = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return text.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``HAL_REQUIRE_BACKENDS``, a skip of a required backend's test becomes a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    required = required_backends()
+    if not required or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if any(reason.lower().startswith(f"{b}:") for b in required) and not any(s in reason for s in SHAPE_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = f"HAL_REQUIRE_BACKENDS={','.join(required)}: a required backend's test skipped: {reason}"
 
 
 @pytest.fixture(autouse=True)

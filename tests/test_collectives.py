@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hal.conformance.collectives import free_port
+from hal.conformance.collectives import file_rendezvous
 
 
 def _rank(rank: int, ws: int, init: str, timeout_s: float, behaviour: str, q) -> None:
@@ -36,29 +36,30 @@ def _rank(rank: int, ws: int, init: str, timeout_s: float, behaviour: str, q) ->
 def _run(behaviour: str, timeout_s: float = 3.0):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_rank, args=(r, 2, init, timeout_s, behaviour, q), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        rank, kind, detail, seconds = q.get(timeout=timeout_s * 6 + 30)
-    finally:
+    with file_rendezvous() as init:
+        procs = [ctx.Process(target=_rank, args=(r, 2, init, timeout_s, behaviour, q), daemon=True)
+                 for r in range(2)]
         for p in procs:
-            p.kill()
-            p.join()
+            p.start()
+        try:
+            rank, kind, detail, seconds = q.get(timeout=timeout_s * 6 + 30)
+        finally:
+            for p in procs:
+                p.kill()
+                p.join()
     return rank, kind, detail, seconds
 
 
 def test_all_reduce_two_processes():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_rank, args=(r, 2, init, 30.0, "normal", q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = sorted(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    with file_rendezvous() as init:
+        procs = [ctx.Process(target=_rank, args=(r, 2, init, 30.0, "normal", q)) for r in range(2)]
+        for p in procs:
+            p.start()
+        got = sorted(q.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
     assert [g[1] for g in got] == ["ok", "ok"] and got[0][2] == [2.0] * 4
 
 
@@ -85,14 +86,14 @@ def _teardown_rank(rank: int, inits: list, q) -> None:
         q.put((rank, i))
 
 
-def test_teardown_never_deadlocks():
+def test_teardown_never_deadlocks(tmp_path):
     """gloo (torch 2.4/2.5) deadlocked in about half of all teardowns after this sequence: the engine's
     worker thread freed a dropped output tensor (needing the GIL) while the main thread, holding the
     GIL, joined it in the process group's destructor. Twelve rounds in a row must all finish."""
     rounds = 12
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    inits = [f"tcp://127.0.0.1:{free_port()}" for _ in range(rounds)]
+    inits = [f"file://{tmp_path}/store{i}" for i in range(rounds)]
     procs = [ctx.Process(target=_teardown_rank, args=(r, inits, q), daemon=True) for r in range(2)]
     for p in procs:
         p.start()

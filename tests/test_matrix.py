@@ -33,7 +33,12 @@ def test_a_crashing_cell_is_marked_and_the_matrix_completes(matrix_run):
         mlu = cells[("mlu", "gpt", mode, "float32")]
         assert not mlu["verified"], "no MLU here: an MLU cell can never be verified"
         assert "predicted" in mlu["reason"] and "step_ms" not in mlu["figures"]
-        assert mlu["status"] in ("pass", "pass-with-fallback", "fail")
+        figs = mlu["figures"]
+        # the cell's status follows from its own op lists ...
+        want = "fail" if figs["unsupported_ops"] else "pass-with-fallback" if figs["fallback_ops"] else "pass"
+        assert mlu["status"] == want, (mlu["status"], figs)
+        # ... and gpt in float32 reaches only ops with an MLU kernel (torch_mlu_kernels.tsv): none falls back
+        assert figs["fallback_ops"] == [] and figs["unsupported_ops"] == [] and mlu["status"] == "pass"
     assert doc["environments"][0]["backends"]["cpu"]["available"]
     assert doc["summary"]["crashed"] == 1 and doc["summary"]["verified"] == 1
 

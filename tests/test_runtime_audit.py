@@ -16,12 +16,10 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "runtime"
 
 
 def _mlu_capabilities() -> str:
-    """'' when the MLU capability data answers, else why not (the status tests then skip)."""
-    try:
-        from hal.capabilities import op_status
-        op_status("mlu", "aten::addmm", dtypes=("float32",))
-    except Exception as exc:
-        return f"MLU capability query unavailable: {type(exc).__name__}: {exc}"
+    """'': the MLU capability data ships with the package, so a query that raises is a failure of
+    the test that needs it, never a skip."""
+    from hal.capabilities import op_status
+    assert op_status("mlu", "aten::addmm", dtypes=("float32",)).status == "native"
     return ""
 
 
@@ -147,8 +145,9 @@ def test_forked_workers_exiting_with_os_exit_do_not_report_for_the_program():
 
 def test_hang_is_stopped_by_timeout_and_leaves_no_process():
     before = {p.pid for p in psutil.process_iter()}
-    s = audit("hang_with_child.py", timeout=12)  # generous: importing torch alone takes seconds on a busy box
-    assert s["run"]["status"] == "timeout" and "12 s" in s["run"]["error"]
+    # the grandchild must start before the bound: importing torch alone took over 10 s on a busy box
+    s = audit("hang_with_child.py", timeout=25)
+    assert s["run"]["status"] == "timeout" and "25 s" in s["run"]["error"]
     started = [line for line in s["run"]["output_tail"] if line.startswith("grandchild ")]
     assert started, s["run"]
     grandchild = int(started[0].split()[1])
@@ -273,11 +272,11 @@ def test_onnx_bad_file_is_a_value_error(tmp_path):
 
 
 @pytest.mark.contract
-def test_contract_mlu_fallback_warnings_mark_ops_measured_when_the_target_ran():
-    """A stand-in program emits torch_mlu's warning text; with the program run on its target (here
-    the CPU target, so the run counts as on-target) the named op is a measured fallback. Not an
-    MLU result: it checks the warning -> ops pipeline only."""
+def test_contract_mlu_fallback_warnings_on_a_cpu_run_are_not_measurements():
+    """A stand-in program prints torch_mlu's warning text while running on the CPU target: the text
+    proves nothing there, so mode ran natively on the CPU (measured) and nothing is a fallback. The
+    MLU side (the warning on an MLU run is a measured fallback) is in test_contract_verified_boundary."""
     s = audit("mlu_warning_standin.py", device="cpu")
     ops = _by_op(s)
-    assert ops["aten::mode"][0]["status"] == "fallback" and ops["aten::mode"][0]["verified"] is True
+    assert ops["aten::mode"][0]["status"] == "native" and ops["aten::mode"][0]["verified"] is True
     assert ops["aten::addmm"][0]["status"] == "native" and ops["aten::addmm"][0]["verified"] is True

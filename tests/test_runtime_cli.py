@@ -35,9 +35,11 @@ def test_cli_fail_on_fallback_exits_1(tmp_path):
     assert p.returncode == 1 and "aten::mode" in fallbacks, (p.returncode, p.stderr[-500:])
 
 
-@pytest.mark.parametrize("script,status", [("crash_os_exit.py", "crashed"), ("crash_hang.py", "timeout")])
-def test_cli_failing_program_exits_3_with_a_report(tmp_path, script, status):
-    p = run_cli("hal-audit", str(FIX / script), "--device", "mlu", "--timeout", "12", "--out", str(tmp_path),
+# the crash gets a long bound (it exits at once; a short one could turn a slow start into "timeout")
+@pytest.mark.parametrize("script,status,bound", [("crash_os_exit.py", "crashed", "120"),
+                                                 ("crash_hang.py", "timeout", "12")])
+def test_cli_failing_program_exits_3_with_a_report(tmp_path, script, status, bound):
+    p = run_cli("hal-audit", str(FIX / script), "--device", "mlu", "--timeout", bound, "--out", str(tmp_path),
                 "--format", "json")
     assert p.returncode == 3, p.stderr[-500:]
     rep = _report(tmp_path)

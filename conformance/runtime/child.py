@@ -111,7 +111,8 @@ def _install_warning_hook(state: _State) -> None:
 
     def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
         op = parse_mlu_fallback(str(message))
-        if op is not None:
+        # torch_mlu's warning is a measurement only on an MLU run; elsewhere it is just program output
+        if op is not None and state.spec.get("run_device") == "mlu":
             state.mlu_fallbacks[op] = state.mlu_fallbacks.get(op, 0) + 1
         original(message, category, filename, lineno, file, line)
 

@@ -6,7 +6,9 @@ op is ``unknown`` with the reason saying so. Measured facts override predictions
 ``verified``:
 
 - on a present target, ops that ran on the target's tensors ran natively there (``native``,
-  verified) unless torch_mlu's warning said it fell back (``fallback``, verified);
+  verified) unless torch_mlu's warning said it fell back (``fallback``, verified) -- the warning
+  counts only when the run device is an MLU; a run on any other device never yields a verified
+  MLU fallback;
 - ``hal.ops`` fallbacks that ran (from :func:`hal.ops.fallback_log`) are ``fallback``, verified.
 
 Cost of a fallback: ``calls_per_step = count / steps`` and ``bytes_per_step`` = the bytes of every
@@ -79,7 +81,9 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
         status, reason, verified = st["status"], st["reason"], False
         if measured is not None and rec.get("device_type") == measured["device_type"]:
             verified = True
-            if _warned(rec["op"], measured.get("mlu_fallbacks", {})):
+            # torch_mlu's own warning is a measurement only when the run device is an MLU: the same
+            # text printed on any other device (a stand-in, a copied log line) proves nothing there
+            if measured["device_type"] == "mlu" and _warned(rec["op"], measured.get("mlu_fallbacks", {})):
                 status, reason = "fallback", "torch_mlu warned that it fell back to the CPU (measured)"
             else:
                 status, reason = "native", f"ran on {measured['device_type']} (measured)"
