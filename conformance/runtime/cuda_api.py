@@ -308,7 +308,7 @@ LEFT_AS_IS: dict[str, str] = {
     "CudaError": "an exception class: catching it works without a GPU",
     "DeferredCudaCallError": "an exception class: catching it works without a GPU",
     "cudaStatus": "a class of integer constants",
-    "has_half": "a constant", "has_magma": "a constant",
+    "has_half": "a boolean build constant", "has_magma": "a boolean build constant",
     "default_generators": "a tuple (empty without CUDA); manual_seed and friends are redirected",
     "amp": "namespace: autocast and GradScaler are redirected (DeviceRedirect._install_amp)",
     "nvtx": "namespace: range_push/range_pop/mark/range are redirected (DeviceRedirect.install)",

@@ -6,9 +6,13 @@ should take its real CUDA code path (so the audit sees its real op mix), so:
 - device arguments (``"cuda"``, ``"cuda:N"``, ``torch.device("cuda")``, an int passed to ``.to``)
   of factory functions, ``.to()``, ``.cuda()`` and ``Module.cuda()`` are rewritten to the present
   device by a ``TorchFunctionMode``; ``.pin_memory()`` becomes a no-op;
-- ``torch.cuda.is_available()`` answers True, ``device_count()`` 1, and ``synchronize``,
-  ``set_device``, ``current_device``, ``manual_seed(_all)``, ``empty_cache``, ``memory_*``,
-  ``Stream``, ``Event``, ``stream`` are harmless stand-ins;
+- every name of ``torch.cuda.__all__`` is a stand-in, left as is, or deliberately unsupported
+  (:mod:`.cuda_api`, by construction from the running torch): ``is_available()`` answers True,
+  ``device_count()`` 1, Stream/Event/device stay classes that subclass what torch checks against;
+- ``torch.load(map_location=...)`` (strings, ``torch.device``, dicts, callables, and None for a
+  checkpoint saved on a GPU) and ``torch.set_default_device("cuda")`` use the present device;
+- ``torch.compile`` returns the model unchanged (eager: the captured ops are the eager program's),
+  CUDA graphs run their captured work eagerly once; both are recorded as findings;
 - ``torch.cuda.amp.autocast`` / ``torch.autocast("cuda")`` autocast on the present device
   (bfloat16 on the CPU: a dtype change, reported as a warning);
 - ``torch.cuda.amp.GradScaler`` / ``torch.amp.GradScaler("cuda")`` become disabled scalers;
@@ -231,7 +235,7 @@ class DeviceRedirect(TorchFunctionMode):
                 if user is not None:
                     try:
                         out = user(storage, location)
-                    except (RuntimeError, AssertionError, AttributeError):
+                    except Exception:
                         out = None  # a CUDA-only callable (storage.cuda()) on a machine without CUDA
                     if out is not None and not (hasattr(out, "device") and getattr(out.device, "type", "") == "cuda"):
                         return out
