@@ -67,6 +67,20 @@ def _out_dir(out_dir: os.PathLike) -> pathlib.Path:
     return out
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where /proc says it (Linux >= 4.7)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
     """Write artifact ``kind`` (a key of :data:`ARTIFACTS`) into ``out_dir`` atomically."""
     name = ARTIFACTS[kind]
@@ -74,6 +88,7 @@ def write_artifact(out_dir: os.PathLike, kind: str, text: str) -> pathlib.Path:
     dest = out / name
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a report is readable per the umask
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
         os.replace(tmp, dest)  # replaces a symlink named `name` itself; never writes through it

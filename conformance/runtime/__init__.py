@@ -9,8 +9,8 @@ file), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx``), ``device`` (the 
 ``args`` (argv for a script), ``steps`` (optimizer steps / forward passes; None: a script runs to
 its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
 ``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
-place this function writes, for the child's spec and result files; None: a temporary directory
-that is removed), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
+place this function writes: the child's spec and result live in a folder of their own inside it,
+unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
 config, default ``tiny``).
 
 Returns ``{"run", "ops", "findings", "target", "precision", "profile"}`` (see DESIGN's audit.json
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 
@@ -97,12 +98,21 @@ def _warm_capabilities(device: str) -> None:
             pass
 
 
-def _audit_in(req: dict, target: dict, workdir: str) -> dict:
+def _audit_in(req: dict, target: dict, out: str) -> dict:
+    # this run's own working folder inside out: concurrent runs never share a file, and files the user
+    # keeps in out (even ones named like ours) are never read, replaced or removed
+    workdir = tempfile.mkdtemp(prefix=".hal-audit-run-", dir=out)
+    try:
+        return _audit_with(req, target, workdir)
+    finally:
+        if not os.environ.get("HAL_DEBUG"):  # HAL_DEBUG=1 keeps the child's spec and result
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _audit_with(req: dict, target: dict, workdir: str) -> dict:
     run_device = target["device_type"] if target["available"] else "cpu"
     spec_path = os.path.join(workdir, "runtime-child-spec.json")
     result_path = os.path.join(workdir, "runtime-child-result.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
     mode = "train+infer" if req["kind"] == "model" else ("workload" if req["kind"] == "func" else "script")
     spec = {"target": os.path.abspath(req["target"]) if req["kind"] == "script" else
             (os.path.abspath(req["target"].rpartition(":")[0]) + ":" + req["target"].rpartition(":")[2]
@@ -121,10 +131,6 @@ def _audit_in(req: dict, target: dict, workdir: str) -> dict:
     warm.start()
     result = run_child(spec_path, result_path, spec["timeout"], env=env)
     warm.join()
-    if not os.environ.get("HAL_DEBUG"):  # keep --out to the report's files (HAL_DEBUG=1 keeps these)
-        for path in (spec_path, result_path):
-            if os.path.exists(path):
-                os.remove(path)
     run = result["run"]
     run.setdefault("mode", mode)
     run["device"] = run_device

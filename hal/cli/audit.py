@@ -28,6 +28,7 @@ import time
 from typing import Optional
 
 from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, emit, run_cli)
+from hal.cli.outlock import OutBusyError, out_lock
 
 PROG = "hal-audit"
 DEFAULT_OUT = "hal-audit-out"
@@ -169,8 +170,6 @@ def exit_code(report: dict, fail_on: Optional[str]) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from hal.conformance import report as rep
-    from hal.conformance.migration import CATALOGUE
     if args.steps is not None and args.steps < 1:
         raise CliError(f"--steps must be a positive integer, not {args.steps}")
     if args.timeout is not None and not args.timeout > 0:
@@ -186,10 +185,24 @@ def handle(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
-
     static = None
     if kind in ("folder", "script", "func"):
         static = _static(path, args.device)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {args.out}: cannot create folder: {exc.strerror or exc}") from None
+    try:
+        with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=PROG):
+            return _audit_locked(args, target, kind, static)
+    except OutBusyError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> int:
+    """Run and report, while this process holds the lock on ``--out`` (the input is valid)."""
+    from hal.conformance import report as rep
+    from hal.conformance.migration import CATALOGUE
     findings = [f.as_dict(args.fix_to) for f in static.findings] if static else []
     sections: dict = {}
     if kind == "folder" or args.static_only:
