@@ -4,8 +4,9 @@ Entry point for ``hal-audit`` (the CLI owns argument parsing and report writing)
 
     sections = audit_target(request)
 
-``request`` keys: ``target`` (a path, ``file.py:func``, a reference-model name or a ``.onnx``
-file), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx``), ``device`` (the target backend),
+``request`` keys: ``target`` (a path, ``file.py:func``, a reference-model name, a ``.onnx`` file,
+a ``.ipynb`` notebook or a module name), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx`` |
+``notebook`` | ``module``: run like ``python -m`` from ``cwd``, default the current folder), ``device`` (the target backend),
 ``args`` (argv for a script), ``steps`` (optimizer steps / forward passes; None: a script runs to
 its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
 ``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
@@ -29,7 +30,7 @@ import threading
 
 from hal.conformance.runtime.predict import build_ops
 
-KINDS = ("script", "func", "model", "onnx")
+KINDS = ("script", "func", "model", "onnx", "module", "notebook")
 DEFAULT_TIMEOUT_S = 600.0
 __all__ = ["audit_target", "KINDS", "DEFAULT_TIMEOUT_S"]
 
@@ -55,7 +56,7 @@ def _validate(request: dict) -> dict:
     if not target or not isinstance(target, str):
         raise ValueError("request has no target")
     path = target.rpartition(":")[0] if kind == "func" else target
-    if kind in ("script", "func", "onnx") and not os.path.isfile(path):
+    if kind in ("script", "func", "onnx", "notebook") and not os.path.isfile(path):
         raise ValueError(f"no such file: {path}")
     if kind == "func" and not target.rpartition(":")[2].isidentifier():
         raise ValueError(f"{target!r}: expected file.py:function_name")
@@ -113,15 +114,16 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
     run_device = target["device_type"] if target["available"] else "cpu"
     spec_path = os.path.join(workdir, "runtime-child-spec.json")
     result_path = os.path.join(workdir, "runtime-child-result.json")
-    mode = "train+infer" if req["kind"] == "model" else ("workload" if req["kind"] == "func" else "script")
-    spec = {"target": os.path.abspath(req["target"]) if req["kind"] == "script" else
+    mode = {"model": "train+infer", "func": "workload", "module": "module", "notebook": "notebook"}.get(
+        req["kind"], "script")
+    spec = {"target": os.path.abspath(req["target"]) if req["kind"] in ("script", "notebook") else
             (os.path.abspath(req["target"].rpartition(":")[0]) + ":" + req["target"].rpartition(":")[2]
              if req["kind"] == "func" else req["target"]),
             "kind": req["kind"], "args": [str(a) for a in req["args"]], "steps": req.get("steps"),
             "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
             "threads": req.get("threads"), "config": req.get("config"),
-            "memory_limit_mb": req.get("memory_limit_mb")}
+            "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd()}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -47,6 +47,8 @@ class _State:
         self.capture_active = False
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.notes: list[dict] = []  # findings the child itself adds (notebook magics skipped)
+        self.cell: Optional[int] = None  # the notebook cell running now
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         ops = self.capture.records() if self.capture is not None else []
@@ -55,7 +57,7 @@ class _State:
                         "optimizer_steps": self.limiter.optimizer_steps if self.limiter else 0,
                         "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode")},
                 "ops": ops,
-                "findings": self.redirect.findings() if self.redirect is not None else [],
+                "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
                 "mlu_fallbacks": self.mlu_fallbacks,
                 "hal_fallbacks": _hal_fallbacks()}
 
@@ -77,6 +79,34 @@ class _State:
             with open(tmp, "w") as f:
                 json.dump(self.result(status, error, exit_code), f, default=str)
             os.replace(tmp, path)
+
+
+def _cell_of(exc: BaseException) -> str:
+    """``"cell N, line L: "`` for an exception raised in a notebook cell (its innermost cell frame)."""
+    from hal.conformance.runtime.notebook import parse_cell_filename
+    where = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        cell = parse_cell_filename(frame.f_code.co_filename)
+        if cell is not None:
+            where = f"cell {cell[1]}, line {line}: "
+    if not where and isinstance(exc, SyntaxError) and exc.filename:
+        cell = parse_cell_filename(exc.filename)
+        if cell is not None:
+            where = f"cell {cell[1]}, line {exc.lineno}: "
+    return where
+
+
+def _cells(findings: list[dict]) -> list[dict]:
+    """Findings on a notebook cell (path ``nb.ipynb#cellN``) name the notebook, the cell and the line in it."""
+    from hal.conformance.runtime.notebook import parse_cell_filename
+    out = []
+    for f in findings:
+        where = parse_cell_filename(str(f.get("path", "")))
+        if where is not None:
+            f = {**f, "path": where[0], "cell": where[1],
+                 "message": f"cell {where[1]}, line {f.get('line')}: {f.get('message', '')}"}
+        out.append(f)
+    return out
 
 
 def _hal_fallbacks() -> list[dict]:
@@ -123,6 +153,44 @@ def _run_script(spec: dict) -> None:
     sys.argv = [path, *spec.get("args", [])]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     runpy.run_path(path, run_name="__main__")
+
+
+def _run_module(spec: dict) -> None:
+    """``python -m pkg.module`` from the folder the audit was started in (relative imports work)."""
+    cwd = spec.get("cwd") or os.getcwd()
+    os.chdir(cwd)
+    sys.path.insert(0, cwd)
+    sys.argv = [spec.get("module_file") or spec["target"], *spec.get("args", [])]
+    runpy.run_module(spec["target"], run_name="__main__", alter_sys=True)
+
+
+def _run_notebook(spec: dict, state: "_State") -> None:
+    """The notebook's code cells in order in one ``__main__`` namespace; each cell is compiled
+    under ``<notebook>#cell<N>`` so findings and tracebacks name the cell and the line in it."""
+    import types
+
+    from hal.conformance.runtime import notebook as nbmod
+    path = spec["target"]
+    sys.argv = [path, *spec.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    main_mod = types.ModuleType("__main__")
+    main_mod.__file__ = path
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main_mod
+    try:
+        for cell in nbmod.read_cells(path):
+            code = nbmod.cell_code(cell)
+            for line, text in cell.skipped:
+                state.notes.append({"rule": "runtime-notebook-magic-skipped", "path": path, "line": line,
+                                    "cell": cell.index, "severity": "info", "count": 1,
+                                    "message": f"cell {cell.index}, line {line}: IPython magic/shell line not run "
+                                               f"by the audit: {text[:120]}",
+                                    "fix": "run it yourself before the audit if the notebook depends on it"})
+            state.cell = cell.index
+            exec(compile(code, nbmod.cell_filename(path, cell.index), "exec"), main_mod.__dict__)
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
 
 
 def _load_func(spec: dict) -> Any:
@@ -242,6 +310,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         kind = spec["kind"]
         if kind == "script":
             _run_script(spec)
+        elif kind == "module":
+            _run_module(spec)
+        elif kind == "notebook":
+            _run_notebook(spec, state)
         elif kind == "func":
             _run_func(spec, state)
         elif kind == "model":
@@ -256,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             status, error = "error", f"the program exited with sys.exit({exc.code!r})"
     except BaseException as exc:  # the program's failure is the audit's finding, never ours
         traceback.print_exc()
-        status, error = "error", f"{type(exc).__name__}: {exc}".strip()[:2000]
+        status, error = "error", (_cell_of(exc) + f"{type(exc).__name__}: {exc}").strip()[:2000]
     finally:
         if state.capture_active:
             state.capture_active = False
