@@ -6,7 +6,9 @@ program, and writes ``{"run", "ops", "findings", "mlu_fallbacks", "hal_fallbacks
 path atomically (temp file + rename) — also when the program raises, calls ``sys.exit`` or
 ``os._exit``, or receives SIGTERM from the parent's timeout. Only a hard crash (a signal such as
 SIGSEGV, or SIGKILL) leaves no result; the parent then reports from the exit status alone.
-Everything the program prints goes to this process's stdout/stderr, which the parent tails.
+Everything the program prints goes to this process's stdout/stderr, which the parent tails; the
+child's own I/O (the result file, its traceback copy on a duplicate of fd 2) never depends on the
+program's ``sys.stdout``/``sys.stderr`` or fds, which the program may replace or close.
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ class _State:
         return {"run": {"status": status, "error": error, "exit_code": exit_code,
                         "steps": self.limiter.steps if self.limiter else 0,
                         "optimizer_steps": self.limiter.optimizer_steps if self.limiter else 0,
+                        "backward_passes": self.limiter.backward_passes if self.limiter else 0,
+                        "stopped_by": self.limiter.stopped_by if self.limiter else None,
                         "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode")},
                 "ops": ops,
                 "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
@@ -143,7 +147,10 @@ def _install_warning_hook(state: _State) -> None:
         op = parse_mlu_fallback(str(message))
         if op is not None:
             state.mlu_fallbacks[op] = state.mlu_fallbacks.get(op, 0) + 1
-        original(message, category, filename, lineno, file, line)
+        try:
+            original(message, category, filename, lineno, file, line)
+        except (OSError, ValueError, AttributeError):  # the program closed or replaced sys.stderr
+            pass
 
     warnings.showwarning = showwarning
 
@@ -327,7 +334,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if code:
             status, error = "error", f"the program exited with sys.exit({exc.code!r})"
     except BaseException as exc:  # the program's failure is the audit's finding, never ours
-        traceback.print_exc()
+        _print_exc()
         status, error = "error", (_cell_of(exc) + f"{type(exc).__name__}: {exc}").strip()[:2000]
     finally:
         if state.capture_active:
@@ -340,14 +347,39 @@ def main(argv: Optional[list[str]] = None) -> int:
         state.redirect.remove()
     modules.remove()
     limiter.remove()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_quietly()
     state.write(status, error, code)
     return 0
 
 
+def _flush_quietly() -> None:
+    """Flush whatever the program left as sys.stdout/sys.stderr; a replaced, closed or broken stream
+    is the program's business and never stops the audit from writing its result."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _print_exc() -> None:
+    """The program's traceback on the child's own stderr (fd 2 as the audit started it, whatever
+    the program did to sys.stderr); nothing when even that is gone."""
+    text = traceback.format_exc()
+    try:
+        os.write(_STDERR_FD, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+_STDERR_FD = 2
+
+
 if __name__ == "__main__":
+    try:
+        _STDERR_FD = os.dup(2)  # the child's own copy: the program may close or redirect fd 2
+    except OSError:
+        pass
     rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_quietly()
     os._exit(rc)
