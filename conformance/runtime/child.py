@@ -283,6 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         real_exit(124)
 
     signal.signal(signal.SIGTERM, on_term)
+    _guard_sigterm(on_term)
 
     def audited_exit(code: int) -> None:
         try:
@@ -350,6 +351,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     _flush_quietly()
     state.write(status, error, code)
     return 0
+
+
+def _guard_sigterm(handler: Any) -> None:
+    """Keep the audit's SIGTERM handler (it writes the partial result at the timeout) when the program
+    installs its own or ignores SIGTERM: ``signal.signal(SIGTERM, x)`` then records ``x`` as the
+    program's and answers as if it had been set; the audit's handler stays in place."""
+    real_signal = signal.signal
+    program_handler: list = [signal.SIG_DFL]
+
+    def audited_signal(signum: Any, action: Any) -> Any:
+        if signum == signal.SIGTERM and os.getpid() == _CHILD_PID[0]:
+            previous, program_handler[0] = program_handler[0], action
+            return previous
+        return real_signal(signum, action)
+
+    signal.signal = audited_signal  # type: ignore[assignment]
+
+
+_CHILD_PID = [os.getpid()]
 
 
 def _flush_quietly() -> None:
