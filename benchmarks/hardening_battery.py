@@ -69,6 +69,7 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
     f = make_inputs(tmp, create)
     sentinel = str(tmp / "sentinel")
     pidfile = str(tmp / "grandchild.pid")
+    daemon_pidfile = str(tmp / "daemon.pid")
     mlu = ["--device", "mlu"]
     return [
         # kind "input": bad input; "fault": a program that fails on purpose
@@ -174,6 +175,12 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
              "printer": "plugin wrote to stdout while imported or probed"}},
         {"name": "hostile plugins: hal-audit x.py --device cpu", "kind": "fault",
          "args": [f["ok.py"], "--device", "cpu"], "exit": 0, "status": "ok", "plugins": True},
+        # issue 16/20 (runtime helper): SIGTERM ignored at the timeout; a daemon outside the process group
+        {"name": "ignores SIGTERM, then hangs (--timeout 6)", "kind": "fault",
+         "args": [str(HB / "ignores_sigterm.py"), *mlu, "--timeout", "6"], "exit": 3, "status": "timeout",
+         "ops": ["aten::silu", "aten::addmm"]},
+        {"name": "starts a setsid daemon", "kind": "fault", "args": [str(HB / "setsid_daemon.py"), *mlu],
+         "exit": 0, "status": "ok", "env": {"HAL_TEST_PIDFILE": daemon_pidfile}, "pidfile": daemon_pidfile},
     ]
 
 
@@ -274,6 +281,9 @@ def run_case(case: dict, tmp: Path) -> dict:
             res["run_status"] = doc["run"]["status"]
             if case.get("status") and doc["run"]["status"] != case["status"]:
                 prob.append(f"run.status {doc['run']['status']}, expected {case['status']}")
+            missing = sorted(set(case.get("ops", ())) - {o["op"] for o in doc.get("ops") or []})
+            if missing:
+                prob.append(f"captured ops lost: {', '.join(missing)}")
             for name in ("audit.md", "audit.html", "audit.sarif"):
                 if not (out / name).is_file():
                     prob.append(f"no {name}")

@@ -166,3 +166,64 @@ def test_classify_targets(tmp_path):
     assert cli.classify("gpt") == ("model", "gpt")
     (tmp_path / "m.onnx").write_bytes(b"x")
     assert cli.classify(str(tmp_path / "m.onnx"))[0] == "onnx"
+
+
+# -- issue 16: --out shared by concurrent audits, user files there, report permissions ---------------
+
+_OUT_A = "import torch\nprint('program A')\nm = torch.nn.Linear(3, 3)\nwith torch.no_grad():\n" \
+         "    for _ in range(2):\n        m(torch.randn(2, 3))\n        __import__('time').sleep(1)\n"
+_OUT_B = "import torch\nprint('program B')\nm = torch.nn.Conv1d(3, 3, 1)\nwith torch.no_grad():\n" \
+         "    m(torch.randn(1, 3, 4))\n"
+
+
+def test_concurrent_audits_on_one_out_never_mix_and_user_files_survive(tmp_path):
+    out = tmp_path / "shared-out"
+    out.mkdir()
+    mine = {"runtime-child-spec.json": '{"mine": 1}\n', "runtime-child-result.json": "keep\n", "notes.txt": "x\n"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    (tmp_path / "a.py").write_text(_OUT_A)
+    (tmp_path / "b.py").write_text(_OUT_B)
+    cmd = [sys.executable, "-m", "hal.cli.audit", "--device", "mlu", "--out", str(out), "--format", "json"]
+    procs = {n: subprocess.Popen([*cmd[:3], str(tmp_path / f"{n}.py"), *cmd[3:]], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for n in ("a", "b")}
+    res = {n: p.communicate(timeout=300) for n, p in procs.items()}
+    for n, p in procs.items():
+        assert p.returncode == 0, res[n][1]
+    reports = {n: json.loads(res[n][0]) for n in res}
+    assert reports["a"]["run"]["output_tail"] == ["program A"] and reports["b"]["run"]["output_tail"] == ["program B"]
+    ops_a = {o["op"] for o in reports["a"]["ops"]}
+    ops_b = {o["op"] for o in reports["b"]["ops"]}
+    assert "aten::addmm" in ops_a and "aten::convolution" not in ops_a
+    assert "aten::convolution" in ops_b and "aten::addmm" not in ops_b
+    for name, text in mine.items():
+        assert (out / name).read_text() == text
+    last = json.loads((out / "audit.json").read_text())  # whole: one run's report, never a mix
+    assert last["target"]["source"] in (str(tmp_path / "a.py"), str(tmp_path / "b.py"))
+    assert last["run"]["output_tail"] == (["program A"] if last["target"]["source"].endswith("a.py") else ["program B"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*mine, "audit.html", "audit.json", "audit.md",
+                                                            "audit.sarif"])
+
+
+def test_busy_out_waits_then_exits_2_with_one_line(tmp_path):
+    from hal.cli.outlock import OutBusyError, out_lock
+    out = tmp_path / "busy"
+    with out_lock(str(out)):
+        with pytest.raises(OutBusyError, match="in use by another audit"):
+            with out_lock(str(out), wait_s=0.5):
+                pass
+    with out_lock(str(out), wait_s=0.5):  # released with its holder
+        pass
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_reports_are_readable_per_the_umask(tmp_path, umask, mode):
+    out = tmp_path / "o"
+    old = __import__("os").umask(umask)
+    try:
+        p = hal_audit(EXAMPLE, "--device", "mlu", "--static-only", "--out", out)
+    finally:
+        __import__("os").umask(old)
+    assert p.returncode == 0, p.stderr
+    assert {x.name: x.stat().st_mode & 0o777 for x in out.iterdir()} == {
+        n: mode for n in ("audit.html", "audit.json", "audit.md", "audit.sarif")}

@@ -4,13 +4,14 @@ Entry point for ``hal-audit`` (the CLI owns argument parsing and report writing)
 
     sections = audit_target(request)
 
-``request`` keys: ``target`` (a path, ``file.py:func``, a reference-model name or a ``.onnx``
-file), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx``), ``device`` (the target backend),
+``request`` keys: ``target`` (a path, ``file.py:func``, a reference-model name, a ``.onnx`` file,
+a ``.ipynb`` notebook or a module name), ``kind`` (``script`` | ``func`` | ``model`` | ``onnx`` |
+``notebook`` | ``module``: run like ``python -m`` from ``cwd``, default the current folder), ``device`` (the target backend),
 ``args`` (argv for a script), ``steps`` (optimizer steps / forward passes; None: a script runs to
 its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
 ``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
-place this function writes, for the child's spec and result files; None: a temporary directory
-that is removed), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
+place this function writes: the child's spec and result live in a folder of their own inside it,
+unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
 config, default ``tiny``).
 
 Returns ``{"run", "ops", "findings", "target", "precision", "profile"}`` (see DESIGN's audit.json
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 
 from hal.conformance.runtime.predict import build_ops
 
-KINDS = ("script", "func", "model", "onnx")
+KINDS = ("script", "func", "model", "onnx", "module", "notebook")
 DEFAULT_TIMEOUT_S = 600.0
 __all__ = ["audit_target", "KINDS", "DEFAULT_TIMEOUT_S"]
 
@@ -54,7 +56,7 @@ def _validate(request: dict) -> dict:
     if not target or not isinstance(target, str):
         raise ValueError("request has no target")
     path = target.rpartition(":")[0] if kind == "func" else target
-    if kind in ("script", "func", "onnx") and not os.path.isfile(path):
+    if kind in ("script", "func", "onnx", "notebook") and not os.path.isfile(path):
         raise ValueError(f"no such file: {path}")
     if kind == "func" and not target.rpartition(":")[2].isidentifier():
         raise ValueError(f"{target!r}: expected file.py:function_name")
@@ -97,21 +99,31 @@ def _warm_capabilities(device: str) -> None:
             pass
 
 
-def _audit_in(req: dict, target: dict, workdir: str) -> dict:
+def _audit_in(req: dict, target: dict, out: str) -> dict:
+    # this run's own working folder inside out: concurrent runs never share a file, and files the user
+    # keeps in out (even ones named like ours) are never read, replaced or removed
+    workdir = tempfile.mkdtemp(prefix=".hal-audit-run-", dir=out)
+    try:
+        return _audit_with(req, target, workdir)
+    finally:
+        if not os.environ.get("HAL_DEBUG"):  # HAL_DEBUG=1 keeps the child's spec and result
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _audit_with(req: dict, target: dict, workdir: str) -> dict:
     run_device = target["device_type"] if target["available"] else "cpu"
     spec_path = os.path.join(workdir, "runtime-child-spec.json")
     result_path = os.path.join(workdir, "runtime-child-result.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
-    mode = "train+infer" if req["kind"] == "model" else ("workload" if req["kind"] == "func" else "script")
-    spec = {"target": os.path.abspath(req["target"]) if req["kind"] == "script" else
+    mode = {"model": "train+infer", "func": "workload", "module": "module", "notebook": "notebook"}.get(
+        req["kind"], "script")
+    spec = {"target": os.path.abspath(req["target"]) if req["kind"] in ("script", "notebook") else
             (os.path.abspath(req["target"].rpartition(":")[0]) + ":" + req["target"].rpartition(":")[2]
              if req["kind"] == "func" else req["target"]),
             "kind": req["kind"], "args": [str(a) for a in req["args"]], "steps": req.get("steps"),
             "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
             "threads": req.get("threads"), "config": req.get("config"),
-            "memory_limit_mb": req.get("memory_limit_mb")}
+            "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd()}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -121,10 +133,6 @@ def _audit_in(req: dict, target: dict, workdir: str) -> dict:
     warm.start()
     result = run_child(spec_path, result_path, spec["timeout"], env=env)
     warm.join()
-    if not os.environ.get("HAL_DEBUG"):  # keep --out to the report's files (HAL_DEBUG=1 keeps these)
-        for path in (spec_path, result_path):
-            if os.path.exists(path):
-                os.remove(path)
     run = result["run"]
     run.setdefault("mode", mode)
     run["device"] = run_device

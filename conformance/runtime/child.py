@@ -6,7 +6,9 @@ program, and writes ``{"run", "ops", "findings", "mlu_fallbacks", "hal_fallbacks
 path atomically (temp file + rename) — also when the program raises, calls ``sys.exit`` or
 ``os._exit``, or receives SIGTERM from the parent's timeout. Only a hard crash (a signal such as
 SIGSEGV, or SIGKILL) leaves no result; the parent then reports from the exit status alone.
-Everything the program prints goes to this process's stdout/stderr, which the parent tails.
+Everything the program prints goes to this process's stdout/stderr, which the parent tails; the
+child's own I/O (the result file, its traceback copy on a duplicate of fd 2) never depends on the
+program's ``sys.stdout``/``sys.stderr`` or fds, which the program may replace or close.
 """
 from __future__ import annotations
 
@@ -47,15 +49,19 @@ class _State:
         self.capture_active = False
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.notes: list[dict] = []  # findings the child itself adds (notebook magics skipped)
+        self.cell: Optional[int] = None  # the notebook cell running now
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         ops = self.capture.records() if self.capture is not None else []
         return {"run": {"status": status, "error": error, "exit_code": exit_code,
                         "steps": self.limiter.steps if self.limiter else 0,
                         "optimizer_steps": self.limiter.optimizer_steps if self.limiter else 0,
+                        "backward_passes": self.limiter.backward_passes if self.limiter else 0,
+                        "stopped_by": self.limiter.stopped_by if self.limiter else None,
                         "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode")},
                 "ops": ops,
-                "findings": self.redirect.findings() if self.redirect is not None else [],
+                "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
                 "mlu_fallbacks": self.mlu_fallbacks,
                 "hal_fallbacks": _hal_fallbacks()}
 
@@ -77,6 +83,34 @@ class _State:
             with open(tmp, "w") as f:
                 json.dump(self.result(status, error, exit_code), f, default=str)
             os.replace(tmp, path)
+
+
+def _cell_of(exc: BaseException) -> str:
+    """``"cell N, line L: "`` for an exception raised in a notebook cell (its innermost cell frame)."""
+    from hal.conformance.runtime.notebook import parse_cell_filename
+    where = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        cell = parse_cell_filename(frame.f_code.co_filename)
+        if cell is not None:
+            where = f"cell {cell[1]}, line {line}: "
+    if not where and isinstance(exc, SyntaxError) and exc.filename:
+        cell = parse_cell_filename(exc.filename)
+        if cell is not None:
+            where = f"cell {cell[1]}, line {exc.lineno}: "
+    return where
+
+
+def _cells(findings: list[dict]) -> list[dict]:
+    """Findings on a notebook cell (path ``nb.ipynb#cellN``) name the notebook, the cell and the line in it."""
+    from hal.conformance.runtime.notebook import parse_cell_filename
+    out = []
+    for f in findings:
+        where = parse_cell_filename(str(f.get("path", "")))
+        if where is not None:
+            f = {**f, "path": where[0], "cell": where[1],
+                 "message": f"cell {where[1]}, line {f.get('line')}: {f.get('message', '')}"}
+        out.append(f)
+    return out
 
 
 def _hal_fallbacks() -> list[dict]:
@@ -114,7 +148,10 @@ def _install_warning_hook(state: _State) -> None:
         # torch_mlu's warning is a measurement only on an MLU run; elsewhere it is just program output
         if op is not None and state.spec.get("run_device") == "mlu":
             state.mlu_fallbacks[op] = state.mlu_fallbacks.get(op, 0) + 1
-        original(message, category, filename, lineno, file, line)
+        try:
+            original(message, category, filename, lineno, file, line)
+        except (OSError, ValueError, AttributeError):  # the program closed or replaced sys.stderr
+            pass
 
     warnings.showwarning = showwarning
 
@@ -124,6 +161,44 @@ def _run_script(spec: dict) -> None:
     sys.argv = [path, *spec.get("args", [])]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     runpy.run_path(path, run_name="__main__")
+
+
+def _run_module(spec: dict) -> None:
+    """``python -m pkg.module`` from the folder the audit was started in (relative imports work)."""
+    cwd = spec.get("cwd") or os.getcwd()
+    os.chdir(cwd)
+    sys.path.insert(0, cwd)
+    sys.argv = [spec.get("module_file") or spec["target"], *spec.get("args", [])]
+    runpy.run_module(spec["target"], run_name="__main__", alter_sys=True)
+
+
+def _run_notebook(spec: dict, state: "_State") -> None:
+    """The notebook's code cells in order in one ``__main__`` namespace; each cell is compiled
+    under ``<notebook>#cell<N>`` so findings and tracebacks name the cell and the line in it."""
+    import types
+
+    from hal.conformance.runtime import notebook as nbmod
+    path = spec["target"]
+    sys.argv = [path, *spec.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    main_mod = types.ModuleType("__main__")
+    main_mod.__file__ = path
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main_mod
+    try:
+        for cell in nbmod.read_cells(path):
+            code = nbmod.cell_code(cell)
+            for line, text in cell.skipped:
+                state.notes.append({"rule": "runtime-notebook-magic-skipped", "path": path, "line": line,
+                                    "cell": cell.index, "severity": "info", "count": 1,
+                                    "message": f"cell {cell.index}, line {line}: IPython magic/shell line not run "
+                                               f"by the audit: {text[:120]}",
+                                    "fix": "run it yourself before the audit if the notebook depends on it"})
+            state.cell = cell.index
+            exec(compile(code, nbmod.cell_filename(path, cell.index), "exec"), main_mod.__dict__)
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
 
 
 def _load_func(spec: dict) -> Any:
@@ -209,6 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         real_exit(124)
 
     signal.signal(signal.SIGTERM, on_term)
+    _guard_sigterm(on_term)
 
     def audited_exit(code: int) -> None:
         try:
@@ -243,6 +319,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         kind = spec["kind"]
         if kind == "script":
             _run_script(spec)
+        elif kind == "module":
+            _run_module(spec)
+        elif kind == "notebook":
+            _run_notebook(spec, state)
         elif kind == "func":
             _run_func(spec, state)
         elif kind == "model":
@@ -256,8 +336,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if code:
             status, error = "error", f"the program exited with sys.exit({exc.code!r})"
     except BaseException as exc:  # the program's failure is the audit's finding, never ours
-        traceback.print_exc()
-        status, error = "error", f"{type(exc).__name__}: {exc}".strip()[:2000]
+        _print_exc()
+        status, error = "error", (_cell_of(exc) + f"{type(exc).__name__}: {exc}").strip()[:2000]
     finally:
         if state.capture_active:
             state.capture_active = False
@@ -269,14 +349,58 @@ def main(argv: Optional[list[str]] = None) -> int:
         state.redirect.remove()
     modules.remove()
     limiter.remove()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_quietly()
     state.write(status, error, code)
     return 0
 
 
+def _guard_sigterm(handler: Any) -> None:
+    """Keep the audit's SIGTERM handler (it writes the partial result at the timeout) when the program
+    installs its own or ignores SIGTERM: ``signal.signal(SIGTERM, x)`` then records ``x`` as the
+    program's and answers as if it had been set; the audit's handler stays in place."""
+    real_signal = signal.signal
+    program_handler: list = [signal.SIG_DFL]
+
+    def audited_signal(signum: Any, action: Any) -> Any:
+        if signum == signal.SIGTERM and os.getpid() == _CHILD_PID[0]:
+            previous, program_handler[0] = program_handler[0], action
+            return previous
+        return real_signal(signum, action)
+
+    signal.signal = audited_signal  # type: ignore[assignment]
+
+
+_CHILD_PID = [os.getpid()]
+
+
+def _flush_quietly() -> None:
+    """Flush whatever the program left as sys.stdout/sys.stderr; a replaced, closed or broken stream
+    is the program's business and never stops the audit from writing its result."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _print_exc() -> None:
+    """The program's traceback on the child's own stderr (fd 2 as the audit started it, whatever
+    the program did to sys.stderr); nothing when even that is gone."""
+    text = traceback.format_exc()
+    try:
+        os.write(_STDERR_FD, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+_STDERR_FD = 2
+
+
 if __name__ == "__main__":
+    try:
+        _STDERR_FD = os.dup(2)  # the child's own copy: the program may close or redirect fd 2
+    except OSError:
+        pass
     rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_quietly()
     os._exit(rc)

@@ -6,9 +6,13 @@ should take its real CUDA code path (so the audit sees its real op mix), so:
 - device arguments (``"cuda"``, ``"cuda:N"``, ``torch.device("cuda")``, an int passed to ``.to``)
   of factory functions, ``.to()``, ``.cuda()`` and ``Module.cuda()`` are rewritten to the present
   device by a ``TorchFunctionMode``; ``.pin_memory()`` becomes a no-op;
-- ``torch.cuda.is_available()`` answers True, ``device_count()`` 1, and ``synchronize``,
-  ``set_device``, ``current_device``, ``manual_seed(_all)``, ``empty_cache``, ``memory_*``,
-  ``Stream``, ``Event``, ``stream`` are harmless stand-ins;
+- every name of ``torch.cuda.__all__`` is a stand-in, left as is, or deliberately unsupported
+  (:mod:`.cuda_api`, by construction from the running torch): ``is_available()`` answers True,
+  ``device_count()`` 1, Stream/Event/device stay classes that subclass what torch checks against;
+- ``torch.load(map_location=...)`` (strings, ``torch.device``, dicts, callables, and None for a
+  checkpoint saved on a GPU) and ``torch.set_default_device("cuda")`` use the present device;
+- ``torch.compile`` returns the model unchanged (eager: the captured ops are the eager program's),
+  CUDA graphs run their captured work eagerly once; both are recorded as findings;
 - ``torch.cuda.amp.autocast`` / ``torch.autocast("cuda")`` autocast on the present device
   (bfloat16 on the CPU: a dtype change, reported as a warning);
 - ``torch.cuda.amp.GradScaler`` / ``torch.amp.GradScaler("cuda")`` become disabled scalers;
@@ -65,6 +69,12 @@ RULES = {
                                 "use the target's collective backend (cncl on MLU) or hal.collectives"),
     "runtime-redirect-pin-memory": ("info", "pin_memory() was skipped during the audit (no CUDA host allocator)",
                                     "pin memory through the target (torch_mlu supports pin_memory) or HAL memory"),
+    "runtime-redirect-cuda-graph": ("warning", "a CUDA graph ran eagerly on {dev} during the audit (captured work ran "
+                                   "once; replay() did not re-run it)",
+                                   "check that the target supports graph capture (torch.mlu.MLUGraph) or run eagerly"),
+    "runtime-redirect-compile": ("info", "torch.compile ran eagerly during the audit: the ops shown are the eager "
+                                 "program's, not the compiled kernels",
+                                 "check the target's torch.compile backend (torch_mlu ships one) on the device"),
     "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
                                         "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
 }
@@ -86,55 +96,12 @@ def user_frame() -> tuple[str, int]:
     return fallback
 
 
-def _device_properties() -> Any:
-    import types
-    return types.SimpleNamespace(name="audit-redirect (no CUDA device)", total_memory=0, major=8, minor=0,
-                                 multi_processor_count=1, is_integrated=False, uuid="")
-
-
 def _is_cuda(dev: Any) -> bool:
     if isinstance(dev, torch.device):
         return dev.type == "cuda"
     if isinstance(dev, str):
         return dev == "cuda" or dev.startswith("cuda:")
     return False
-
-
-class _Stream:
-    """Stand-in for torch.cuda.Stream/Event: real objects whose methods do nothing (host order)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait_stream(self, *_: Any) -> None:
-        pass
-
-    def wait_event(self, *_: Any) -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> Any:
-        return event if event is not None else _Stream()
-
-    def record(self, *_: Any) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def wait(self, *_: Any) -> None:
-        pass
-
-    def elapsed_time(self, *_: Any) -> float:
-        return 0.0
-
-    def __enter__(self) -> "_Stream":
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        return None
 
 
 class DeviceRedirect(TorchFunctionMode):
@@ -146,6 +113,8 @@ class DeviceRedirect(TorchFunctionMode):
         self.autocast_dtype = autocast_dtype or (torch.bfloat16 if device == "cpu" else torch.float16)
         self.records: dict[tuple[str, str, int], dict] = {}
         self._saved: list[tuple[Any, str, Any]] = []
+        self._quiet = 0
+        self.stand_ins: dict[str, Any] = {}
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, rule: str, **fmt: Any) -> None:
@@ -196,49 +165,120 @@ class DeviceRedirect(TorchFunctionMode):
 
     def _api(self, what: str, result: Any = None) -> Callable[..., Any]:
         def stand_in(*_a: Any, **_k: Any) -> Any:
-            self.record("runtime-redirect-cuda-api", what=what)
+            self.api_call(what)
             return result() if callable(result) else result
         stand_in.__name__ = what
         return stand_in
 
-    def install(self) -> None:
-        cuda = torch.cuda
-        redirect = self
+    def api_call(self, what: str) -> None:
+        """Record ``torch.cuda.<what>`` as a finding when the program itself made the call."""
+        if self._quiet == 0 and self.called_by_program(depth=3):
+            self.record("runtime-redirect-cuda-api", what=what)
 
-        def is_available() -> bool:
-            redirect.record("runtime-redirect-cuda-available")
+    @staticmethod
+    def called_by_program(depth: int = 2) -> bool:
+        """True when the frame ``depth`` levels up (the stand-in's caller) is outside torch, HAL and
+        the standard library: the program (or a library it uses) made the call, not torch itself."""
+        try:
+            f = sys._getframe(depth)
+        except ValueError:
             return True
+        path = f.f_code.co_filename
+        return path.startswith("<") or not os.path.realpath(path).startswith(_SKIP_DIRS)
 
-        self._patch(cuda, "is_available", is_available)
-        for name, result in [("device_count", 1), ("current_device", 0), ("synchronize", None),
-                             ("set_device", None), ("empty_cache", None), ("memory_allocated", 0),
-                             ("max_memory_allocated", 0), ("memory_reserved", 0), ("max_memory_reserved", 0),
-                             ("reset_peak_memory_stats", None), ("reset_max_memory_allocated", None),
-                             ("get_device_name", "audit-redirect"), ("is_bf16_supported", True),
-                             ("init", None), ("ipc_collect", None), ("get_device_capability", (8, 0)),
-                             ("current_stream", _Stream), ("default_stream", _Stream)]:
-            self._patch(cuda, name, self._api(name, result))
-        for name, result in [("get_device_properties", _device_properties), ("mem_get_info", lambda: (0, 0)),
-                             ("get_rng_state", lambda: torch.get_rng_state()), ("set_rng_state", None),
-                             ("get_rng_state_all", lambda: [torch.get_rng_state()]), ("set_rng_state_all", None),
-                             ("is_initialized", True), ("memory_stats", dict), ("memory_summary", "")]:
-            self._patch(cuda, name, self._api(name, result))
-        nvtx = getattr(cuda, "nvtx", None)
+    @contextlib.contextmanager
+    def quiet(self) -> Any:
+        """Stand-ins called from inside another stand-in record nothing."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+
+    def install(self) -> None:
+        from hal.conformance.runtime import cuda_api
+        self.stand_ins = cuda_api.install(self)
+        nvtx = getattr(torch.cuda, "nvtx", None)
         if nvtx is not None:
             for name, result in [("range_push", 0), ("range_pop", 0), ("mark", None),
                                  ("range", contextlib.nullcontext)]:
                 self._patch(nvtx, name, self._api(f"nvtx.{name}", result))
         self._install_pin_memory()
-        self._patch(cuda, "manual_seed", self._seed("manual_seed"))
-        self._patch(cuda, "manual_seed_all", self._seed("manual_seed_all"))
-        self._patch(cuda, "Stream", self._stand_in_class("Stream"))
-        self._patch(cuda, "Event", self._stand_in_class("Event"))
-        self._patch(cuda, "stream", lambda *_a, **_k: (redirect.record("runtime-redirect-cuda-api", what="stream"),
-                                                        contextlib.nullcontext())[1])
-        self._patch(cuda, "device", self._device_ctx())
+        self._install_default_device()
+        self._install_load()
+        self._install_compile()
         self._install_amp()
         self._install_distributed()
         self.__enter__()
+
+    def _install_default_device(self) -> None:
+        real = torch.set_default_device
+        redirect = self
+
+        def set_default_device(device: Any) -> None:
+            if _is_cuda(device) or (isinstance(device, int) and not isinstance(device, bool)):
+                redirect.record("runtime-redirect-cuda-device")
+                device = redirect.device
+            real(device)
+
+        self._patch(torch, "set_default_device", set_default_device)
+
+    def _map_location(self, loc: Any) -> Any:
+        """``torch.load``'s map_location with every CUDA target sent to the present device."""
+        from torch.serialization import default_restore_location
+        dev = self.device
+        redirect = self
+        if loc is None or callable(loc) and not isinstance(loc, (str, torch.device)):
+            user = loc
+
+            def restore(storage: Any, location: str) -> Any:
+                if user is not None:
+                    try:
+                        out = user(storage, location)
+                    except Exception:
+                        out = None  # a CUDA-only callable (storage.cuda()) on a machine without CUDA
+                    if out is not None and not (hasattr(out, "device") and getattr(out.device, "type", "") == "cuda"):
+                        return out
+                if str(location).startswith("cuda"):
+                    redirect.record("runtime-redirect-cuda-device")
+                    return default_restore_location(storage, dev)
+                return None if user is None else default_restore_location(storage, location)
+            return restore
+        if isinstance(loc, dict):
+            out = {}
+            for k, v in loc.items():
+                if _is_cuda(v):
+                    v = dev
+                    self.record("runtime-redirect-cuda-device")
+                out[k] = v
+            return out
+        if _is_cuda(loc) or (isinstance(loc, int) and not isinstance(loc, bool)):
+            self.record("runtime-redirect-cuda-device")
+            return dev
+        return loc
+
+    def _install_load(self) -> None:
+        import torch.serialization as ser
+        real = ser.load
+        redirect = self
+
+        def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+            return real(f, redirect._map_location(map_location), *args, **kwargs)
+
+        load.__doc__ = real.__doc__
+        self._patch(torch, "load", load)
+        self._patch(ser, "load", load)
+
+    def _install_compile(self) -> None:
+        redirect = self
+
+        def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - torch's name
+            redirect.record("runtime-redirect-compile")
+            if model is None:
+                return lambda m: m
+            return model
+
+        self._patch(torch, "compile", compile)
 
     def _install_pin_memory(self) -> None:
         """DataLoader pins in its own thread (where the TorchFunctionMode is not active)."""
@@ -253,27 +293,6 @@ class DeviceRedirect(TorchFunctionMode):
             return data
 
         self._patch(pm, "pin_memory", pin_memory)
-
-    def _seed(self, what: str) -> Callable[..., Any]:
-        def seed(value: int) -> None:
-            self.record("runtime-redirect-cuda-api", what=what)  # CUDA generators only: nothing to seed
-        return seed
-
-    def _stand_in_class(self, what: str) -> type:
-        redirect = self
-
-        class StandIn(_Stream):
-            def __init__(self, *a: Any, **k: Any) -> None:
-                redirect.record("runtime-redirect-cuda-api", what=what)
-
-        StandIn.__name__ = what
-        return StandIn
-
-    def _device_ctx(self) -> Callable[..., Any]:
-        def device(*_a: Any, **_k: Any) -> Any:
-            self.record("runtime-redirect-cuda-api", what="device")
-            return contextlib.nullcontext()
-        return device
 
     def _install_amp(self) -> None:
         redirect = self

@@ -5,7 +5,9 @@
 deque (the last :data:`TAIL_LINES` lines, each cut to :data:`MAX_LINE` characters: megabytes of
 output never accumulate), enforces the timeout (SIGTERM to the whole group, so the child writes
 its partial result, then SIGKILL after a grace period), and always kills the group before
-returning so no process the program started outlives the audit. It classifies how the child
+returning so no process the program started outlives the audit; descendants that left the group
+(``setsid`` daemons) are found by a per-run token in their environment, killed, and listed in
+``run.escaped_processes`` (``run.surviving_processes`` for any that could not be killed). It classifies how the child
 ended: its own result file when it wrote one, else the exit status (a signal -> ``crashed`` with
 the signal's name). Never raises for a failing program.
 """
@@ -19,11 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Optional
 
 TAIL_LINES = 40
 MAX_LINE = 400
 TERM_GRACE_S = 3.0
+RUN_TOKEN = "HAL_AUDIT_RUN_TOKEN"  # in the child's environment: finds descendants that left the group
 
 
 class _Tail:
@@ -89,12 +93,44 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _kill_escaped(token: str) -> tuple[list[dict], list[dict]]:
+    """Kill every process still carrying this run's token in its environment (the program's
+    descendants that left the process group: ``setsid`` daemons, double forks). Returns
+    ``(killed, survivors)`` as ``[{pid, cmdline}]``; survivors are those still alive 2 s later."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return [], []
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(RUN_TOKEN) == token:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    killed = []
+    for p in found:
+        try:
+            killed.append({"pid": p.pid, "cmdline": " ".join(p.cmdline())[:200]})
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
+    _gone, alive = psutil.wait_procs(found, timeout=2.0)
+    survivors = [k for k in killed if any(a.pid == k["pid"] for a in alive)]
+    return killed, survivors
+
+
 def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: Optional[dict] = None,
               module: str = "hal.conformance.runtime.child") -> dict:
     """Run ``python -m module spec_path`` as the child; return ``{"run": {...}, plus the child's
     result keys when it wrote them}``. The child writes ``result_path`` (named in its spec)."""
     cmd = [sys.executable, "-m", module, spec_path]
     t0 = time.perf_counter()
+    token = uuid.uuid4().hex
+    env = dict(os.environ if env is None else env, **{RUN_TOKEN: token})
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)
     tail = _Tail(proc.stdout)
@@ -113,8 +149,10 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
         _kill_group(proc.pid, signal.SIGKILL)  # whatever the program left behind in its group
         if proc.poll() is None:
             proc.wait()
+        escaped, survivors = _kill_escaped(token)  # ... and outside it (setsid daemons)
     tail.join(5.0)
-    proc.stdout.close()
+    if not tail._thread.is_alive():  # a survivor may hold the pipe: closing under a blocked reader deadlocks
+        proc.stdout.close()
     seconds = round(time.perf_counter() - t0, 3)
     result: dict = {}
     if os.path.exists(result_path):
@@ -134,6 +172,10 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
         run.update(status="crashed", error=f"the program ended with exit code {rc} before the audit could record "
                                            "a result", exit_code=rc)
     run.setdefault("steps", 0)
+    if escaped:
+        run["escaped_processes"] = escaped
+    if survivors:
+        run["surviving_processes"] = survivors
     run["seconds"] = seconds
     run["output_tail"] = list(tail.lines)
     run["output_bytes"] = tail.bytes_seen

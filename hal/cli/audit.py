@@ -29,6 +29,7 @@ from typing import Optional
 
 from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Parser, check_number, emit,
                             run_cli)
+from hal.cli.outlock import OutBusyError, out_lock
 
 PROG = "hal-audit"
 DEFAULT_OUT = "hal-audit-out"
@@ -45,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "patch, ops that would fall back, dtype risks, precision and profile.",
         epilog="Exit codes: 0 completed; 1 a --fail-on condition held; 2 bad input or usage; "
                "3 the audited program failed (report still written).")
-    p.add_argument("target", metavar="TARGET",
-                   help="file.py | file.py:func | folder | reference model name (e.g. gpt) | model.onnx")
+    p.add_argument("target", metavar="TARGET", nargs="?",
+                   help="file.py | file.py:func | notebook.ipynb | folder | reference model name (e.g. gpt) | "
+                        "model.onnx")
+    p.add_argument("-m", dest="module", metavar="MODULE",
+                   help="run a module from the current folder like `python -m MODULE` (instead of TARGET)")
     p.add_argument("--device", default="mlu", metavar="NAME",
                    help="target backend: any installed plugin (cpu, cuda, mlu, ...); default: mlu")
     p.add_argument("--static-only", action="store_true", help="never import or execute the audited code")
@@ -75,7 +79,10 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.target is None) == (args.module is None):
+        parser.error("give exactly one of TARGET or -m MODULE")
     args.args = extra
     return args
 
@@ -89,6 +96,8 @@ def classify(target: str) -> tuple[str, str]:
     if os.path.isfile(target):
         if target.endswith(".onnx"):
             return "onnx", target
+        if target.endswith(".ipynb"):
+            return "notebook", target
         if not target.endswith(".py"):
             raise CliError(f"{target}: not a Python file (expected a .py file, file.py:func, a folder, "
                            "a reference model name or a .onnx file)")
@@ -105,6 +114,35 @@ def classify(target: str) -> tuple[str, str]:
     if not target.isidentifier() and not target.replace("-", "_").isidentifier():
         raise CliError(f"{target}: no such file, folder or reference model")
     return "model", target
+
+
+def resolve_module(name: str, cwd: Optional[str] = None) -> tuple[str, str]:
+    """``(file, static root)`` of ``-m name`` as ``python -m`` would find it from ``cwd`` (first) or
+    sys.path, without importing (executing) anything. The static root is the top-level package's
+    folder (relative imports and sibling modules are audited too), or the file itself."""
+    import importlib.machinery
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise CliError(f"-m {name}: not a module name")
+    search = [cwd or os.getcwd(), *sys.path[1:]]
+    spec = None
+    top = None
+    for i in range(len(parts)):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is None or (i < len(parts) - 1 and not spec.submodule_search_locations):
+            raise CliError(f"-m {name}: no module named {'.'.join(parts[:i + 1])!r} in {search[0]}")
+        if i == 0:
+            top = spec
+        search = list(spec.submodule_search_locations or [])
+    if spec.submodule_search_locations:  # a package: python -m runs its __main__
+        main = importlib.machinery.PathFinder.find_spec(name + ".__main__", list(spec.submodule_search_locations))
+        if main is None or not main.origin:
+            raise CliError(f"-m {name}: is a package and has no __main__ module")
+        spec = main
+    if not spec.origin or not spec.origin.endswith(".py"):
+        raise CliError(f"-m {name}: not a Python source module ({spec.origin})")
+    root = list(top.submodule_search_locations)[0] if top.submodule_search_locations else spec.origin
+    return spec.origin, root
 
 
 def _target_info(device: str) -> dict:
@@ -186,7 +224,12 @@ def handle(args: argparse.Namespace) -> int:
     from hal.conformance.migration import CATALOGUE
     validate_numbers(args)
     target = _target_info(args.device)
-    kind, path = classify(args.target)
+    if args.module is not None:
+        kind, path = "module", args.module
+        module_file, module_root = resolve_module(args.module)
+        args.target = args.module
+    else:
+        kind, path = classify(args.target)
     if args.static_only and kind in ("model", "onnx"):
         raise CliError(f"--static-only needs Python source (a .py file or a folder), not a {kind} target")
     if args.fix and kind in ("model", "onnx"):
@@ -194,10 +237,26 @@ def handle(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
-
     static = None
-    if kind in ("folder", "script", "func"):
-        static = _static(path, args.device)
+    if kind in ("folder", "script", "func", "notebook"):
+        static = _static(path, args.device)  # a notebook's cells, mapped back (conformance.migration.notebook)
+    elif kind == "module":
+        static = _static(module_root, args.device)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {args.out}: cannot create folder: {exc.strerror or exc}") from None
+    try:
+        with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=PROG):
+            return _audit_locked(args, target, kind, static)
+    except OutBusyError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> int:
+    """Run and report, while this process holds the lock on ``--out`` (the input is valid)."""
+    from hal.conformance import report as rep
+    from hal.conformance.migration import CATALOGUE
     findings = [f.as_dict(args.fix_to) for f in static.findings] if static else []
     sections: dict = {}
     if kind == "folder" or args.static_only:
@@ -208,7 +267,7 @@ def handle(args: argparse.Namespace) -> int:
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit}
+                   "memory_limit_mb": args.memory_limit, "cwd": os.getcwd()}
         sections = _run_dynamic(request)
         run = dict(sections.get("run") or {})
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),

@@ -1,0 +1,209 @@
+"""Corpus benchmark: `hal-audit --device mlu` on public CUDA training/inference programs, unchanged.
+
+The programs are NOT in this repository: fetch them first (outside it) and point --corpus there:
+
+    git clone https://github.com/karpathy/nanoGPT   $CORPUS/nanoGPT
+    git clone https://github.com/karpathy/minGPT    $CORPUS/minGPT
+    git clone https://github.com/pytorch/examples   $CORPUS/examples
+    git clone https://github.com/karpathy/llm.c     $CORPUS/llm.c
+    python benchmarks/corpus.py --corpus $CORPUS [--only NAME ...] [--out reports/corpus/corpus.json]
+
+Each program is copied (without .git) into a scratch folder, given a tiny generated dataset where
+it needs one (nothing is downloaded), and audited with small arguments, a --steps bound and a
+--timeout. The table: program, exit code, run.status, stopped_by, ops, seconds, the first error
+line; the JSON adds the repository commit of every program, the torch version and the command.
+A program whose own dependency is not installed here (torchvision, matplotlib, tiktoken) is listed
+with cause "environment": it would fail the same way on a CUDA machine without that package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# -- tiny datasets ---------------------------------------------------------------------------------
+
+
+def _nanogpt_data(work: Path) -> None:
+    d = work / "data" / "tiny"
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        rng.integers(0, 64, size=4096, dtype=np.uint16).tofile(d / f"{split}.bin")
+    with open(d / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 64}, f)
+
+
+def _chargpt_data(work: Path) -> None:
+    (work / "input.txt").write_text("O God, O God! the quick brown fox jumps over the lazy dog.\n" * 200)
+
+
+def _wlm_data(work: Path) -> None:
+    d = work / "data" / "wikitext-2"
+    valid = (d / "valid.txt").read_text().splitlines()[:400]
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (d / name).write_text("\n".join(valid[:300] if name == "train.txt" else valid[300:]) + "\n")
+
+
+def _llmc_data(work: Path) -> None:
+    d = work / "dev" / "data" / "tinyshakespeare"
+    d.mkdir(parents=True, exist_ok=True)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, 8192
+    tokens = np.random.default_rng(0).integers(0, 50257, size=8192, dtype=np.uint16)
+    with open(d / "tiny_shakespeare_val.bin", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+NANO = ["--dataset=tiny", "--batch_size=2", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
+        "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--log_interval=1",
+        "--gradient_accumulation_steps=1", "--always_save_checkpoint=False", "--out_dir=out-tiny"]
+WLM = ["--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--bptt", "8", "--batch_size", "4",
+       "--log-interval", "5", "--accel"]
+DDP_ENV = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"}
+
+#: name, repository, folder copied, script (relative to the folder), args, data maker, steps, env
+PROGRAMS = [
+    ("nanoGPT train.py (compile off)", "nanoGPT", ".", "train.py", [*NANO, "--compile=False"], _nanogpt_data, 3, {}),
+    ("nanoGPT train.py (compile on)", "nanoGPT", ".", "train.py", [*NANO, "--compile=True"], _nanogpt_data, 3, {}),
+    ("minGPT chargpt", "minGPT", ".", "projects/chargpt/chargpt.py",
+     ["--trainer.max_iters=20", "--trainer.batch_size=4", "--model.model_type=gpt-nano", "--data.block_size=32",
+      "--trainer.num_workers=0"], _chargpt_data, 3, {}),
+    ("minGPT adder", "minGPT", ".", "projects/adder/adder.py",
+     ["--trainer.max_iters=20", "--trainer.batch_size=8", "--trainer.num_workers=0"], None, 3, {}),
+    ("examples word_language_model LSTM (manual SGD)", "examples", "word_language_model", "main.py", WLM,
+     _wlm_data, 2, {}),
+    ("examples word_language_model Transformer", "examples", "word_language_model", "main.py",
+     [*WLM, "--model", "Transformer", "--nhead", "2"], _wlm_data, 2, {}),
+    ("examples word_language_model LSTM --use-optimizer", "examples", "word_language_model", "main.py",
+     [*WLM, "--use-optimizer", "--lr", "0.001"], _wlm_data, 2, {}),
+    ("examples ddp-tutorial single_gpu", "examples", "distributed/ddp-tutorial-series", "single_gpu.py",
+     ["2", "1", "--batch_size", "32"], None, 3, {}),
+    ("examples ddp-tutorial multigpu (mp.spawn, nccl)", "examples", "distributed/ddp-tutorial-series", "multigpu.py",
+     ["2", "1", "--batch_size", "32"], None, 3, {}),
+    ("examples ddp-tutorial multigpu_torchrun (nccl)", "examples", "distributed/ddp-tutorial-series",
+     "multigpu_torchrun.py", ["2", "1", "--batch_size", "32"], None, 3, DDP_ENV),
+    ("examples regression", "examples", "regression", "main.py", [], None, 3, {}),
+    ("examples time_sequence_prediction", "examples", "time_sequence_prediction", "train.py", ["--steps", "1"],
+     None, 2, {}),
+    ("examples mnist", "examples", "mnist", "main.py", ["--epochs", "1", "--dry-run"], None, 2, {}),
+    ("examples dcgan", "examples", "dcgan", "main.py", ["--dataset", "fake", "--niter", "1", "--dry-run",
+                                                       "--batchSize", "4", "--imageSize", "32"], None, 2, {}),
+    ("examples vae", "examples", "vae", "main.py", ["--epochs", "1"], None, 2, {}),
+    ("examples imagenet (--dummy)", "examples", "imagenet", "main.py",
+     ["--dummy", "-a", "resnet18", "-b", "2", "--epochs", "1", "--workers", "0"], None, 2, {}),
+    ("llm.c train_gpt2.py (d12 random init)", "llm.c", ".", "train_gpt2.py",
+     ["--model", "d12", "--write_tensors", "0", "--num_iterations", "3", "--batch_size", "1",
+      "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
+]
+
+_ENV_ERRORS = ("ModuleNotFoundError", "No module named")
+
+
+def _commit(repo: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _first_error(report: dict, stderr: str) -> str:
+    run = report.get("run") or {}
+    err = run.get("error") or ""
+    if not err and stderr.strip():
+        err = stderr.strip().splitlines()[-1]
+    return " ".join(str(err).split())[:160]
+
+
+def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, python: str) -> dict:
+    name, repo, folder, script, args, data, steps, env = entry
+    src = corpus / repo
+    row = {"program": name, "repo": repo, "script": f"{folder}/{script}".lstrip("./"), "commit": _commit(src),
+           "args": args, "steps": steps}
+    if not src.is_dir():
+        return {**row, "exit": None, "status": "not fetched", "ops": 0, "seconds": 0.0,
+                "error": f"{src} missing", "cause": "environment"}
+    work = scratch / "".join(c if c.isalnum() else "_" for c in name)
+    shutil.copytree(src / folder, work, ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True)
+    if data is not None:
+        data(work)
+    out = work / "hal-audit-out"
+    exe = Path(python).parent / "hal-audit"
+    cmd = [str(exe), script, "--device", "mlu", "--steps", str(steps), "--timeout", str(timeout),
+           "--out", str(out), "--format", "json", "--", *args]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, **env},
+                       timeout=timeout + 120)
+    seconds = round(time.monotonic() - t0, 1)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        report = {}
+    run = report.get("run") or {}
+    error = _first_error(report, p.stderr)
+    tail = " ".join(run.get("output_tail") or [])
+    cause = "" if run.get("status") == "ok" else (
+        "environment" if any(e in error or e in tail for e in _ENV_ERRORS) else "audit or program")
+    return {**row, "exit": p.returncode, "status": run.get("status", "-"), "stopped_by": run.get("stopped_by"),
+            "ops": len(report.get("ops") or []), "seconds": seconds, "error": error, "cause": cause,
+            "runtime_findings": sum(1 for f in report.get("findings") or [] if f.get("rule", "").startswith("runtime-")),
+            "command": " ".join(["hal-audit", *cmd[1:]])}
+
+
+def main() -> None:
+    from tabulate import tabulate
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=os.environ.get("HAL_CORPUS", "/work/corpus"))
+    ap.add_argument("--out", default="reports/corpus/corpus.json")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--only", nargs="*", help="substrings of program names to run")
+    a = ap.parse_args()
+    import torch
+    progs = [p for p in PROGRAMS if not a.only or any(s.lower() in p[0].lower() for s in a.only)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hal-corpus-") as d:
+        for entry in progs:
+            row = run_program(entry, Path(a.corpus), Path(d), a.timeout, sys.executable)
+            rows.append(row)
+            print(f"{row['program']}: exit {row['exit']} {row['status']} ops {row['ops']} {row['seconds']} s "
+                  f"{row['error'][:100]}", flush=True)
+    table = tabulate([[r["program"], r["exit"], r["status"], r.get("stopped_by") or "-", r["ops"], r["seconds"],
+                       r.get("cause") or "-", r["error"][:90] or "-"] for r in rows],
+                     headers=["program", "exit", "run.status", "stopped by", "ops", "seconds", "cause", "first error"],
+                     tablefmt="github")
+    ok = sum(r["status"] == "ok" for r in rows)
+    env_fail = sum(r.get("cause") == "environment" for r in rows)
+    summary = (f"{ok}/{len(rows)} ok; {env_fail} failed for a dependency not installed here; "
+               f"{len(rows) - ok - env_fail} other failures")
+    print(table)
+    print(summary)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "corpus": a.corpus, "timeout_s": a.timeout, "summary": summary}
+    Path(a.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    commits = sorted({(r["repo"], r["commit"]) for r in rows})
+    md = ["# Corpus: hal-audit --device mlu on public CUDA programs", "",
+          f"torch {meta['torch']}, Python {meta['python']}, {meta['platform']}; CPU only (every MLU status is "
+          "predicted). Generated by `python benchmarks/corpus.py`.", "", table, "", summary, "",
+          "Programs came from (never committed here):", ""]
+    md += [f"- {repo} @ {commit}" for repo, commit in commits]
+    Path(a.out).with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(f"wrote {a.out} and {Path(a.out).with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
