@@ -78,7 +78,7 @@ def test_notebook_bad_input_and_static_only(tmp_path):
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{not json")
     p = hal_audit(bad, "--out", tmp_path / "o")
-    assert p.returncode == 2 and "not a readable Jupyter notebook" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "bad.ipynb: not JSON" in p.stderr and "Traceback" not in p.stderr
     syntax = _nb(tmp_path / "syntax.ipynb", ["import torch\n", "x = [\n"])
     p = hal_audit(syntax, "--out", tmp_path / "o")
     assert p.returncode == 2 and "cell 2, line" in p.stderr and "syntax error" in p.stderr, p.stderr

@@ -194,8 +194,9 @@ def audit_static(target: Union[str, pathlib.Path], device: str = "mlu", rules: O
 
 
 def _locate_cells(scan: FileScan, ns) -> None:
-    """Name the notebook cell and line in each finding's message (lines count in the joined module)."""
+    """Name the notebook cell and line in each finding (``line`` itself counts in the joined module)."""
     for f in scan.findings:
         where = ns.locate(f.line)
         if where:
+            f.cell, f.cell_line = where
             f.message += f" [cell {where[0]}, line {where[1]}]"

@@ -75,13 +75,18 @@ class Finding:
     end_line: int = 0
     end_column: int = 0
     edits: dict = dataclasses.field(default_factory=dict)  # flavour -> tuple[Edit, ...]
+    cell: Optional[int] = None       # notebooks: the cell (1-based among all cells) and the line in it;
+    cell_line: Optional[int] = None  # ``line`` stays the line of the joined module the edits refer to
 
     def fix_text(self, flavour: str) -> Optional[str]:
         edits = self.edits.get(flavour)
         return " ; ".join(e.text for e in edits if e.text) if edits else None
 
     def as_dict(self, flavour: str = "device") -> dict:
-        return {"rule": self.rule, "path": self.path, "line": self.line, "column": self.column,
+        """The audit.json entry; for a notebook ``line`` is the line in ``cell`` (as the run reports it)."""
+        where = {} if self.cell is None else {"cell": self.cell, "module_line": self.line}
+        return {"rule": self.rule, "path": self.path, "column": self.column, **where,
+                "line": self.line if self.cell is None else self.cell_line,
                 "end_line": self.end_line, "end_column": self.end_column, "severity": self.severity,
                 "message": self.message, "found": self.found, "counterpart": self.counterpart,
                 "fix": self.fix_text(flavour),

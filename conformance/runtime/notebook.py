@@ -18,10 +18,9 @@ Raises :class:`NotebookError` (a ``ValueError``) for a file that is not a readab
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 _SHELL = re.compile(r"^(\s*)(!|%|\w[\w\s,]*=\s*!)")
 _BODY_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun")

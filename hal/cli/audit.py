@@ -220,8 +220,6 @@ def validate_numbers(args: argparse.Namespace) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from hal.conformance import report as rep
-    from hal.conformance.migration import CATALOGUE
     validate_numbers(args)
     target = _target_info(args.device)
     if args.module is not None:
