@@ -8,6 +8,10 @@ rows put benchmarks/hostile_plugins.py's distributions (probe hangs, exits, prin
 
     python benchmarks/bench_startup.py --label after [--out out/bench_startup-after.json]
     python benchmarks/bench_startup.py --compare out/bench_startup-before.json out/bench_startup-after.json
+    python benchmarks/bench_startup.py --baseline /path/to/old/venv/bin/python --out out/bench_startup.json
+
+``--baseline`` runs every command for that interpreter (another checkout's venv) and for this one,
+alternating run by run so that both see the same machine load, and prints them side by side.
 """
 from __future__ import annotations
 
@@ -26,20 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hostile_plugins  # noqa: E402
 
-BIN = Path(sys.executable).parent
-
-
-def _commands(tmp: Path) -> list[tuple[str, list[str], bool]]:
+def _commands(tmp: Path, python: str = sys.executable) -> list[tuple[str, list[str], bool]]:
+    BIN = Path(python).parent
     script = tmp / "x.py"
     script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
     out = str(tmp / "audit-out")
     return [
-        ("import hal", [sys.executable, "-c", "import hal"], False),
+        ("import hal", [python, "-c", "import hal"], False),
         ("hal backends --format json", [str(BIN / "hal"), "backends", "--format", "json"], False),
         ("hal-audit x.py --device cpu --static-only", [str(BIN / "hal-audit"), str(script), "--device", "cpu",
                                                       "--static-only", "--out", out], False),
         ("hal-audit x.py --device cpu", [str(BIN / "hal-audit"), str(script), "--device", "cpu", "--out", out], False),
-        ("import hal (with hostile plugins)", [sys.executable, "-c", "import hal"], True),
+        ("import hal (with hostile plugins)", [python, "-c", "import hal"], True),
         ("hal backends --format json (with hostile plugins)", [str(BIN / "hal"), "backends", "--format", "json"],
          True),
         ("hal-audit x.py --device cpu (with hostile plugins)", [str(BIN / "hal-audit"), str(script), "--device",
@@ -47,15 +49,20 @@ def _commands(tmp: Path) -> list[tuple[str, list[str], bool]]:
     ]
 
 
+FAILURES: list = []
+
+
 def _time(cmd: list[str], env: dict, limit: float) -> float:
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, timeout=limit)
+        # cwd: a neutral folder, so that `python -c` never imports a checkout's `hal/` from the cwd
+        p = subprocess.run(cmd, env=env, capture_output=True, timeout=limit, cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
         return float("inf")
     dt = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.decode()[-500:]}")
+    if p.returncode != 0:  # timed all the same; reported in the row's "failed" list
+        FAILURES.append({"command": " ".join(cmd), "exit": p.returncode, "stderr": p.stderr.decode()[-300:]})
+        print(f"warning: {' '.join(cmd)} exited {p.returncode}: {p.stderr.decode()[-300:]}", file=sys.stderr)
     return dt
 
 
@@ -103,6 +110,44 @@ def compare(paths: list[str]) -> None:
     print(tabulate(table, headers=["command (seconds, median)"] + [d["label"] for d in docs]))
 
 
+def measure_pair(baseline: str, warmup: int, repeats: int, limit: float, only: str = "") -> list[dict]:
+    """Both interpreters, alternating run by run; returns two result documents (before, after)."""
+    docs = []
+    with tempfile.TemporaryDirectory(prefix="hal-bench-startup-") as d:
+        tmp = Path(d)
+        site = hostile_plugins.build_site(tmp / "plugins")
+        for k in ("b", "a"):
+            (tmp / k).mkdir()
+        sides = {"before": _commands(tmp / "b", baseline), "after": _commands(tmp / "a", sys.executable)}
+        rows: dict = {"before": [], "after": []}
+        for i, (name, _cmd, use_hostile) in enumerate(sides["after"]):
+            if only and only not in name:
+                continue
+            envs = {k: ({**hostile_plugins.site_env(site), "XDG_CACHE_HOME": str(tmp / k / "hcache")} if use_hostile
+                        else {**os.environ, "XDG_CACHE_HOME": str(tmp / k / "cache")}) for k in sides}
+            times: dict = {k: [] for k in sides}
+            dead = {k: False for k in sides}
+            for _ in range(warmup):
+                for k in sides:
+                    if not dead[k]:
+                        dead[k] = _time(sides[k][i][1], envs[k], limit) == float("inf")
+            for _ in range(repeats):
+                for k in sides:
+                    if not dead[k]:
+                        times[k].append(_time(sides[k][i][1], envs[k], limit))
+            for k in sides:
+                finite = [t for t in times[k] if t != float("inf")]
+                rows[k].append({"command": name, "median_s": round(statistics.median(times[k]), 3) if finite else None,
+                                "min_s": round(min(finite), 3) if finite else None,
+                                "timeout": dead[k] or len(finite) < len(times[k]), "n": len(times[k])})
+            print(f"{name}: before {_cell(rows['before'][-1])}, after {_cell(rows['after'][-1])}", flush=True)
+    env = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "loadavg_end": os.getloadavg(),
+           "baseline": baseline, "current": sys.executable, "limit_s": limit, "warmup": warmup, "repeats": repeats}
+    for k in ("before", "after"):
+        docs.append({"label": k, "environment": env, "results": rows[k], "failures": FAILURES})
+    return docs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", default="current")
@@ -113,9 +158,22 @@ def main() -> None:
     ap.add_argument("--merge-into", metavar="JSON", help="replace/add these rows in an earlier result file")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+", metavar="JSON")
+    ap.add_argument("--baseline", metavar="PYTHON", help="also time another checkout's interpreter, interleaved")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare)
+        return
+    if a.baseline:
+        docs = measure_pair(a.baseline, a.warmup, a.repeats, a.limit, a.only)
+        out = Path(a.out or "out/bench_startup.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for doc in docs:
+            p = out.with_name(f"{out.stem}-{doc['label']}{out.suffix}")
+            p.write_text(json.dumps(doc, indent=2))
+            paths.append(str(p))
+        compare(paths)
+        print("wrote " + ", ".join(paths))
         return
     doc = measure(a.label, a.warmup, a.repeats, a.limit, a.only)
     if a.merge_into:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -213,7 +214,12 @@ def run(device: str, world_size: int, timeout_s: float = 120.0, dtypes: tuple[st
 
     Under torchrun (``$RANK``/``$WORLD_SIZE`` set), runs only the current rank instead and returns
     its own rows. A rank that fails to start, raises or does not answer within ``timeout_s`` x 2
-    yields one failing row naming it."""
+    yields one failing row naming it. Raises ValueError when ``timeout_s`` is not a finite positive
+    number or ``dtypes`` is empty (the CLI reports both as exit 2 before calling this)."""
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, not {timeout_s!r}")
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return run_rank(device, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, timeout_s, dtypes)
     with file_rendezvous() as init_method:

@@ -105,3 +105,21 @@ def test_usage_error_is_one_line_not_a_usage_block(capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.splitlines() == [
         "hal: error: argument --steps: invalid int value: 'three' (see hal matrix --help)"]
+
+
+@pytest.mark.parametrize("kwargs,match", [({"steps": 0}, "steps must be a positive integer"),
+                                          ({"timeout_s": -1.0}, "timeout_s must be"),
+                                          ({"timeout_s": float("nan")}, "timeout_s must be")])
+def test_matrix_library_refuses_bad_numbers_before_running(kwargs, match):
+    from hal.conformance.matrix.runner import run_matrix
+    with pytest.raises(ValueError, match=match):
+        run_matrix(["cpu"], ["gpt"], ["train"], ["float32"], **kwargs)
+
+
+@pytest.mark.parametrize("timeout,dtypes,match", [(-5.0, ("float32",), "timeout_s must be"),
+                                                  (float("nan"), ("float32",), "timeout_s must be"),
+                                                  (5.0, (), "dtypes must name")])
+def test_collectives_library_refuses_bad_input(timeout, dtypes, match):
+    from hal.conformance import collectives
+    with pytest.raises(ValueError, match=match):
+        collectives.run("cpu", 2, timeout, dtypes)

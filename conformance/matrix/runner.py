@@ -12,6 +12,7 @@ isolation path. It has no other effect.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import signal
@@ -100,7 +101,15 @@ def environment_entry() -> dict:
 def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[str], dtypes: Iterable[str],
                config: str = "tiny", steps: int = 3, timeout_s: float = 300.0, precision: bool = True,
                with_collectives: bool = True, progress: Optional[Callable[[Cell], None]] = None) -> dict:
-    """Run every cell and return the ``hal-compat-matrix/1`` document."""
+    """Run every cell and return the ``hal-compat-matrix/1`` document.
+
+    Raises ValueError before running anything when ``steps`` is not a positive integer or
+    ``timeout_s`` not a finite positive number (a cell would otherwise pass on zero steps or time out
+    at once)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, not {steps!r}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, not {timeout_s!r}")
     env = environment_entry()
     cells = []
     for backend in devices:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import traceback
 from typing import Any, Callable
@@ -79,8 +80,12 @@ def emit(text: str) -> None:
     sys.stdout.flush()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def one_line(msg: str) -> str:
-    return " ".join(str(msg).split())
+    """``msg`` on one line, control characters (terminal escape sequences) shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", " ".join(str(msg).split()))
 
 
 def run_cli(parse: Callable[[], Any], handle: Callable[[Any], int], prog: str) -> int:
