@@ -149,6 +149,10 @@ class DeviceRedirect(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             kwargs = dict(kwargs, pin_memory=False)
             self.record("runtime-redirect-pin-memory")
+        if func is _PARSE_TO and args and (_is_cuda(args[0]) or (isinstance(args[0], int)
+                                                                and not isinstance(args[0], bool))):
+            args = (self.device, *args[1:])  # Module.to(0) / Module.to("cuda"): an int is the accelerator
+            self.record("runtime-redirect-cuda-device")
         if func is _TENSOR_TO and len(args) > 1:
             first = args[1]
             if _is_cuda(first) or (isinstance(first, int) and not isinstance(first, bool)):
@@ -375,3 +379,4 @@ class DeviceRedirect(TorchFunctionMode):
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN = torch.Tensor.pin_memory
+_PARSE_TO = getattr(getattr(torch._C, "_nn", None), "_parse_to", None)
