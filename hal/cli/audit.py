@@ -227,6 +227,13 @@ def handle(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
+    if kind == "model":  # before --out is created: bad input writes nothing
+        try:
+            from hal.models import WORKLOAD_NAMES
+        except ImportError:
+            WORKLOAD_NAMES = None
+        if WORKLOAD_NAMES is not None and args.target not in WORKLOAD_NAMES:
+            raise CliError(f"unknown reference model {args.target!r}; one of {', '.join(WORKLOAD_NAMES)}")
     static = None
     if kind in ("folder", "script", "func"):
         static = _static(path, args.device)
