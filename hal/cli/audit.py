@@ -270,7 +270,7 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit, "cwd": os.getcwd()}
+                   "memory_limit_mb": args.memory_limit}
         sections = _run_dynamic(request)
         run = dict(sections.get("run") or {})
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
