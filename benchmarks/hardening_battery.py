@@ -176,8 +176,8 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
         {"name": "hostile plugins: hal-audit x.py --device cpu", "kind": "fault",
          "args": [f["ok.py"], "--device", "cpu"], "exit": 0, "status": "ok", "plugins": True},
         # issue 16/20 (runtime helper): SIGTERM ignored at the timeout; a daemon outside the process group
-        {"name": "ignores SIGTERM, then hangs (--timeout 6)", "kind": "fault",
-         "args": [str(HB / "ignores_sigterm.py"), *mlu, "--timeout", "6"], "exit": 3, "status": "timeout",
+        {"name": "ignores SIGTERM, then hangs (--timeout 15)", "kind": "fault",
+         "args": [str(HB / "ignores_sigterm.py"), *mlu, "--timeout", "15"], "exit": 3, "status": "timeout",
          "ops": ["aten::silu", "aten::addmm"]},
         {"name": "starts a setsid daemon", "kind": "fault", "args": [str(HB / "setsid_daemon.py"), *mlu],
          "exit": 0, "status": "ok", "env": {"HAL_TEST_PIDFILE": daemon_pidfile}, "pidfile": daemon_pidfile},

@@ -56,3 +56,16 @@ def test_program_closing_and_replacing_stdout_keeps_the_capture(args, status):
     if status == "error":
         assert run["error"] == "RuntimeError: failed after closing stderr"
         assert run["output_tail"][-1] == "RuntimeError: failed after closing stderr"  # via the child's own fd
+
+
+def test_an_evaluation_before_the_first_step_of_an_optimizer_program_does_not_end_the_audit(tmp_path):
+    """nanoGPT's pattern: optimizer built, estimate_loss() (no_grad forwards) at iteration 0, then train."""
+    prog = tmp_path / "eval_first.py"
+    prog.write_text("import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.AdamW(m.parameters())\n"
+                    "for it in range(100):\n    with torch.no_grad():\n        for _ in range(10):\n"
+                    "            m(torch.randn(2, 4))\n    m(torch.randn(2, 4)).sum().backward()\n    opt.step()\n")
+    s = audit_target({"target": str(prog), "kind": "script", "device": "mlu", "args": [], "steps": 2,
+                      "timeout": 60, "out": None})
+    run = s["run"]
+    assert run["status"] == "ok" and run["optimizer_steps"] == 1 and run["stopped_by"] == "forward passes", run
+    assert any(o["phase"] == "optimizer" for o in s["ops"])

@@ -138,7 +138,8 @@ def test_public_script_patterns_run_to_ok_with_findings_on_the_program_lines(tmp
     src = target.read_text().splitlines()
     line = {key: i + 1 for i, text in enumerate(src) for key in
             ("torch.manual_seed(0)", "# map_location", "# set_default_device", "# device context manager",
-             "torch.cuda.CUDAGraph()", "graph.replay()", "# torch.compile", "torch.cuda.Stream()")
+             "torch.cuda.CUDAGraph()", "graph.replay()", "# torch.compile", "torch.cuda.Stream()",
+             "# Module.to(int)")
             if key in text}
     found = {(f["rule"], f["line"]) for f in s["findings"]}
     assert ("runtime-redirect-cuda-device", line["# map_location"]) in found
@@ -148,6 +149,20 @@ def test_public_script_patterns_run_to_ok_with_findings_on_the_program_lines(tmp
     assert ("runtime-redirect-cuda-graph", line["graph.replay()"]) in found
     assert ("runtime-redirect-compile", line["# torch.compile"]) in found
     assert ("runtime-redirect-cuda-api", line["torch.cuda.Stream()"]) in found
+    assert ("runtime-redirect-cuda-device", line["# Module.to(int)"]) in found
     # torch.manual_seed calls torch.cuda.manual_seed_all itself: not a call the program made
     assert not any(ln == line["torch.manual_seed(0)"] for _, ln in found)
     assert any(o["op"] == "aten::addmm" for o in s["ops"])
+
+
+def test_mp_spawn_ranks_run_with_the_redirect_and_nccl_bound_at_import():
+    import socket
+
+    from hal.conformance.runtime import audit_target
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    s = audit_target({"target": str(FIX / "spawn_nccl.py"), "kind": "script", "device": "mlu", "args": [port],
+                      "steps": None, "timeout": 180, "out": None})
+    assert s["run"]["status"] == "ok", s["run"]
+    assert s["run"]["output_tail"][-2:] == ["rank 0 trained", "spawn done"]

@@ -149,6 +149,10 @@ class DeviceRedirect(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             kwargs = dict(kwargs, pin_memory=False)
             self.record("runtime-redirect-pin-memory")
+        if func is _PARSE_TO and args and (_is_cuda(args[0]) or (isinstance(args[0], int)
+                                                                and not isinstance(args[0], bool))):
+            args = (self.device, *args[1:])  # Module.to(0) / Module.to("cuda"): an int is the accelerator
+            self.record("runtime-redirect-cuda-device")
         if func is _TENSOR_TO and len(args) > 1:
             first = args[1]
             if _is_cuda(first) or (isinstance(first, int) and not isinstance(first, bool)):
@@ -209,7 +213,25 @@ class DeviceRedirect(TorchFunctionMode):
         self._install_compile()
         self._install_amp()
         self._install_distributed()
+        self._install_spawn()
         self.__enter__()
+
+    def _install_spawn(self) -> None:
+        """Processes started by ``torch.multiprocessing.spawn``/``start_processes`` (DDP tutorials)
+        begin in a fresh interpreter: their function is wrapped so they install the redirect first
+        (their ops and findings are not captured; only the audited process is)."""
+        mod = sys.modules.get("torch.multiprocessing.spawn")
+        if mod is None or not hasattr(mod, "start_processes"):
+            return
+        real = mod.start_processes
+        device = self.device
+
+        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            return real(SpawnedWithRedirect(fn, device), *args, **kwargs)
+
+        self._patch(mod, "start_processes", start_processes)
+        import torch.multiprocessing as tmp
+        self._patch(tmp, "start_processes", start_processes)
 
     def _install_default_device(self) -> None:
         real = torch.set_default_device
@@ -372,6 +394,28 @@ class DeviceRedirect(TorchFunctionMode):
             self._saved = []
 
 
+class SpawnedWithRedirect:
+    """A picklable wrapper: ``fn(i, *args)`` in a spawned process, with the CUDA redirect installed."""
+
+    def __init__(self, fn: Callable[..., Any], device: str) -> None:
+        self.fn, self.device = fn, device
+
+    def __call__(self, *args: Any) -> Any:
+        redirect = DeviceRedirect(self.device)
+        redirect.install()
+        # the program's module was imported (to unpickle fn) before the redirect: names it bound with
+        # `from torch.distributed import init_process_group` still hold the originals, so rebind them
+        replaced = {id(original): getattr(owner, name) for owner, name, original in redirect._saved}
+        # (multiprocessing runs the main script with runpy: its functions' globals are their own dict)
+        module = sys.modules.get(getattr(self.fn, "__module__", "") or "")
+        for names in (getattr(self.fn, "__globals__", None), vars(module) if module is not None else None):
+            for key, value in list(names.items()) if names is not None else ():
+                if id(value) in replaced:
+                    names[key] = replaced[id(value)]
+        return self.fn(*args)
+
+
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN = torch.Tensor.pin_memory
+_PARSE_TO = getattr(getattr(torch._C, "_nn", None), "_parse_to", None)

@@ -11,9 +11,11 @@ top-level module forward. It raises :class:`StopAudit` (a ``BaseException``, so 
   (hand-written SGD such as pytorch/examples word_language_model);
 - ``"forward passes"``: before the (N+1)-th top-level forward pass of a module with parameters
   run with grad disabled (``no_grad`` / ``inference_mode``) since the last backward or optimizer
-  step: an inference program, or an evaluation loop before or between training steps. Forward
-  passes with grad enabled are not counted, so a training step's forward, loss module and
-  backward never stop it early.
+  step: an inference program, or an evaluation loop between training steps (or before them, in a
+  program that has built no optimizer). A program that has built an optimizer and not trained yet
+  is not stopped by its first evaluation (nanoGPT evaluates at iteration 0): the training bound
+  follows. Forward passes with grad enabled are not counted, so a training step's forward, loss
+  module and backward never stop it early.
 
 ``limit`` None means no bound. The runner treats :class:`StopAudit` as success. Not thread-safe
 (one limiter per process).
@@ -76,7 +78,8 @@ class StepLimiter:
             return
         if next(iter(module.parameters(recurse=True)), None) is None:
             return
-        if self.limit is not None and self.eval_forwards >= self.limit:
+        before_training = self.optimizers_built and not self.optimizer_steps and not self.backward_passes
+        if self.limit is not None and self.eval_forwards >= self.limit and not before_training:
             self._stop("forward passes", self.eval_forwards)
         self.eval_forwards += 1
         if not self.optimizer_steps and not self.backward_passes:

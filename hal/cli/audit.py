@@ -235,6 +235,13 @@ def handle(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
+    if kind == "model":  # before --out is created: bad input writes nothing
+        try:
+            from hal.models import WORKLOAD_NAMES
+        except ImportError:
+            WORKLOAD_NAMES = None
+        if WORKLOAD_NAMES is not None and args.target not in WORKLOAD_NAMES:
+            raise CliError(f"unknown reference model {args.target!r}; one of {', '.join(WORKLOAD_NAMES)}")
     static = None
     if kind in ("folder", "script", "func", "notebook"):
         static = _static(path, args.device)  # a notebook's cells, mapped back (conformance.migration.notebook)
@@ -265,7 +272,7 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit, "cwd": os.getcwd()}
+                   "memory_limit_mb": args.memory_limit}
         sections = _run_dynamic(request)
         run = dict(sections.get("run") or {})
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
