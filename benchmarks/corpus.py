@@ -68,6 +68,26 @@ def _llmc_data(work: Path) -> None:
         f.write(tokens.tobytes())
 
 
+def _mnist_data(work: Path) -> None:
+    """A small MNIST in torchvision's raw format at ``../data/MNIST/raw`` (where mnist and vae look), so
+    ``download=True`` finds it and downloads nothing: random 28x28 images, random labels."""
+    raw = work.parent / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 256), ("t10k", 64)):
+        with open(raw / f"{prefix}-images-idx3-ubyte", "wb") as f:
+            f.write(np.array([2051, n, 28, 28], dtype=">i4").tobytes())
+            f.write(rng.integers(0, 256, size=n * 28 * 28, dtype=np.uint8).tobytes())
+        with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+            f.write(np.array([2049, n], dtype=">i4").tobytes())
+            f.write(rng.integers(0, 10, size=n, dtype=np.uint8).tobytes())
+
+
+def _sine_data(work: Path) -> None:
+    """traindata.pt as the example's own generate_sine_wave.py makes it."""
+    subprocess.run([sys.executable, "generate_sine_wave.py"], cwd=work, check=True, capture_output=True)
+
+
 NANO = ["--dataset=tiny", "--batch_size=2", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
         "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--log_interval=1",
         "--gradient_accumulation_steps=1", "--always_save_checkpoint=False", "--out_dir=out-tiny"]
@@ -98,11 +118,11 @@ PROGRAMS = [
      "multigpu_torchrun.py", ["2", "1", "--batch_size", "32"], None, 3, DDP_ENV),
     ("examples regression", "examples", "regression", "main.py", [], None, 3, {}),
     ("examples time_sequence_prediction", "examples", "time_sequence_prediction", "train.py", ["--steps", "1"],
-     None, 2, {}),
-    ("examples mnist", "examples", "mnist", "main.py", ["--epochs", "1", "--dry-run"], None, 2, {}),
+     _sine_data, 2, {}),
+    ("examples mnist", "examples", "mnist", "main.py", ["--epochs", "1", "--dry-run"], _mnist_data, 2, {}),
     ("examples dcgan", "examples", "dcgan", "main.py", ["--dataset", "fake", "--niter", "1", "--dry-run",
                                                        "--batchSize", "4", "--imageSize", "32"], None, 2, {}),
-    ("examples vae", "examples", "vae", "main.py", ["--epochs", "1"], None, 2, {}),
+    ("examples vae", "examples", "vae", "main.py", ["--epochs", "1"], _mnist_data, 2, {}),
     ("examples imagenet (--dummy)", "examples", "imagenet", "main.py",
      ["--dummy", "-a", "resnet18", "-b", "2", "--epochs", "1", "--workers", "0"], None, 2, {}),
     ("llm.c train_gpt2.py (d12 random init)", "llm.c", ".", "train_gpt2.py",
