@@ -131,11 +131,15 @@ def test_build_ops_costs_fallbacks_per_step_and_flags_float64(monkeypatch):
     assert mode["status"] == "fallback" and mode["calls_per_step"] == 2.0 and mode["bytes_per_step"] == 200
     assert any("float64" in n and "float32" in n for n in mode["dtype_notes"])
     assert addmm["status"] == "native" and addmm["bytes_per_step"] == 0 and not addmm["verified"]
-    measured = build_ops(records, "mlu", steps=3, measured={"device_type": "cpu", "mlu_fallbacks": {"aten::mode": 1}})
+    # torch_mlu's warning is a measurement only on an MLU run (ops on mlu tensors); on a CPU run it is not
+    on_mlu = [dict(r, device_type="mlu") for r in records]
+    measured = build_ops(on_mlu, "mlu", steps=3, measured={"device_type": "mlu", "mlu_fallbacks": {"aten::mode": 1}})
     assert all(o["verified"] for o in measured)
     assert {o["op"]: o["status"] for o in measured} == {"aten::mode": "fallback", "aten::addmm": "native"}
-    records[0]["op"] = "aten::mode.dimname"
-    overload = build_ops(records, "mlu", steps=3, measured={"device_type": "cpu", "mlu_fallbacks": {"aten::mode.default": 1}})
+    on_cpu = build_ops(records, "cpu", steps=3, measured={"device_type": "cpu", "mlu_fallbacks": {"aten::mode": 1}})
+    assert {o["op"]: o["status"] for o in on_cpu} == {"aten::mode": "native", "aten::addmm": "native"}
+    on_mlu[0]["op"] = "aten::mode.dimname"
+    overload = build_ops(on_mlu, "mlu", steps=3, measured={"device_type": "mlu", "mlu_fallbacks": {"aten::mode.default": 1}})
     assert {o["op"]: o["status"] for o in overload} == {"aten::mode.dimname": "native", "aten::addmm": "native"}
 
 
