@@ -170,8 +170,7 @@ def test_env_map_and_visible_devices_in_a_child(hal_backend, tmp_path):
     assert b.translate_env({"CUDA_VISIBLE_DEVICES": "0", "HOME": "/x"}) == {b.visible_devices_env: "0"}
     env = b.restrict_devices_env([b.device_count() - 1])
     assert b.visible_devices(env) == [str(b.device_count() - 1)]
-    env["HAL_BACKEND"] = b.name
-    code = "import hal; print(hal.get_backend().device_count())"
+    code = f"import hal; print(hal.backend_for_device_type({b.device_type!r}).device_count())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "1", (out.stdout, out.stderr[-2000:])
 
