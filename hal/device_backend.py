@@ -172,8 +172,10 @@ class TorchDeviceBackend(Backend):
     def memory_stats(self, device: Any = None) -> MemoryStats:
         m, idx = self._mod, self._index(device)
         free, total = m.mem_get_info(idx)
+        peak_reserved = int(m.max_memory_reserved(idx)) if hasattr(m, "max_memory_reserved") else None
         return MemoryStats(allocated=int(m.memory_allocated(idx)), reserved=int(m.memory_reserved(idx)),
                            peak=int(m.max_memory_allocated(idx)), total=int(total), free=int(free),
+                           peak_reserved=peak_reserved,
                            source=f"torch.{self.device_type} caching allocator (memory_allocated/memory_reserved/"
                                   "max_memory_allocated/mem_get_info)")
 

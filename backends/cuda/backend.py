@@ -193,6 +193,8 @@ class CudaBackend(TorchDeviceBackend):
             cupy_peak = self._cupy_peak[idx] = max(self._cupy_peak.get(idx, 0), used)
         return MemoryStats(allocated=base.allocated + used, reserved=base.reserved + pooled,
                            peak=base.peak + cupy_peak, total=base.total, free=base.free,
+                           # CuPy's pool only grows until empty_cache(): its current size is its peak
+                           peak_reserved=None if base.peak_reserved is None else base.peak_reserved + pooled,
                            source=(f"{base.source} + cupy.MemoryPool (cupy used {used} B, pooled {pooled} B, "
                                    f"peak used {cupy_peak} B)"))
 

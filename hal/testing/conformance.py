@@ -93,6 +93,7 @@ def test_memory_stats_follow_allocations(hal_backend):
     during = b.memory_stats()
     assert during.allocated - before.allocated >= 48 * 2**20, (before, during)
     assert during.peak >= during.allocated - 16 * 2**20
+    assert during.peak_reserved is None or during.peak_reserved >= during.reserved - 16 * 2**20
     del big
     b.empty_cache()
     assert b.memory_stats().peak >= during.allocated - 16 * 2**20  # peak survives the free
