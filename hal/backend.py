@@ -5,6 +5,11 @@ A backend is a class discovered through the ``hal.backends`` entry-point namespa
 is a classmethod, so discovery never instantiates anything or touches a device. Import of a
 vendor SDK happens only inside :meth:`Backend.probe` or at first use, never at module import.
 
+Most device families subclass :class:`hal.device_backend.TorchDeviceBackend`, which implements the
+device, memory, stream, event and RNG methods over torch's per-device module; ``Backend`` itself is
+for devices that have no such module (the CPU). The interface covers devices, memory, streams and
+events, RNG, environment variables (``env_map``, ``visible_devices_env``), collectives and ops.
+
 An instance is created only for an available backend (``hal.get_backend``); it is cheap, stateless
 beyond caches, and safe to share between threads unless a method says otherwise.
 """
