@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from hal.capabilities.trace import aten_ops
-
 SCHEMA = "hal-capabilities/1"
 
 
 def build_live(backend: str, dispatch_key: str, generated_by: str) -> dict:
     """A manifest for ``backend`` from the live dispatcher: every ATen overload with a kernel
     registered directly for ``dispatch_key``."""
+    from hal.capabilities.trace import aten_ops  # the tracer's torch internals load only when a manifest is built
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     native = [op for op in aten_ops() if has(op, dispatch_key)]
     return {"schema": SCHEMA, "backend": backend, "dispatch_key": dispatch_key, "predicted": False,
