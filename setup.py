@@ -1,6 +1,6 @@
 """Package layout only (metadata lives in pyproject.toml).
 
-The repository keeps DESIGN.md's top-level folders; they install under one import root:
+The repository's top-level folders install under one import root:
 ``hal/`` -> ``hal``, ``backends/`` -> ``hal.backends``, ``models/`` -> ``hal.models``,
 ``conformance/`` -> ``hal.conformance``. Every package below them is found automatically.
 """

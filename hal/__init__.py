@@ -5,6 +5,8 @@ The façade:
 - :func:`list_backends` / :func:`backend_errors` — every installed backend plugin, with the reason
   each unusable one was refused;
 - :func:`get_backend` — the backend named, ``$HAL_BACKEND``, or the best available one;
+- :func:`register_backend` — add a backend class in process (tests, notebooks), no entry point needed;
+- :class:`TorchDeviceBackend` — the generic backend over torch's device module a new chip subclasses;
 - :mod:`hal.ops` — ops with torch's semantics dispatched per device with a fallback policy;
 - :class:`hal.collectives.Communicator` — collectives on torch.distributed.
 
@@ -13,8 +15,9 @@ The core never imports a vendor SDK; backends do, inside their probe or at first
 from __future__ import annotations
 
 from hal.backend import Availability, Backend, DeviceProperties, dtype_name
+from hal.device_backend import TorchDeviceBackend
 from hal.discovery import (BackendInfo, backend_errors, backend_for_device_type, get_backend, list_backends,
-                           refresh)
+                           refresh, register_backend, unregister_backend)
 from hal.errors import (BackendUnavailableError, CollectiveError, CollectiveTimeoutError, HalError,
                         NotSupportedError, OpNotFoundError)
 from hal.memory import MemoryStats
@@ -26,5 +29,6 @@ __all__ = [
     "Availability", "Backend", "BackendInfo", "DeviceProperties", "MemoryStats", "Stream", "Event",
     "HostStream", "HostEvent", "HalError", "BackendUnavailableError", "NotSupportedError", "OpNotFoundError",
     "CollectiveError", "CollectiveTimeoutError", "list_backends", "backend_errors", "get_backend",
-    "backend_for_device_type", "refresh", "dtype_name", "__version__",
+    "backend_for_device_type", "refresh", "dtype_name", "__version__", "TorchDeviceBackend", "register_backend",
+    "unregister_backend",
 ]

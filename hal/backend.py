@@ -5,6 +5,11 @@ A backend is a class discovered through the ``hal.backends`` entry-point namespa
 is a classmethod, so discovery never instantiates anything or touches a device. Import of a
 vendor SDK happens only inside :meth:`Backend.probe` or at first use, never at module import.
 
+Most device families subclass :class:`hal.device_backend.TorchDeviceBackend`, which implements the
+device, memory, stream, event and RNG methods over torch's per-device module; ``Backend`` itself is
+for devices that have no such module (the CPU). The interface covers devices, memory, streams and
+events, RNG, environment variables (``env_map``, ``visible_devices_env``), collectives and ops.
+
 An instance is created only for an available backend (``hal.get_backend``); it is cheap, stateless
 beyond caches, and safe to share between threads unless a method says otherwise.
 """
@@ -15,6 +20,7 @@ import contextlib
 import dataclasses
 import glob
 import importlib
+import os
 import pathlib
 from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence
 
@@ -101,6 +107,10 @@ class Backend(abc.ABC):
     #: data files shipped next to the backend's module (see :meth:`data_file`)
     migration_rules_file: ClassVar[str] = "migration_rules.yaml"
     manifest_file: ClassVar[str] = "manifest.json"
+    #: CUDA variable -> this backend's counterpart, a two-column TSV next to the module (see :meth:`env_map`)
+    env_map_file: ClassVar[str] = "env_map.tsv"
+    #: environment variable that restricts the devices a process sees ("CUDA_VISIBLE_DEVICES"); None: none
+    visible_devices_env: ClassVar[Optional[str]] = None
 
     # ---- discovery (class-level, cheap, creates no device context) -----------------------
     @classmethod
@@ -164,10 +174,18 @@ class Backend(abc.ABC):
     def synchronize(self, device: Any = None) -> None:
         """Block until all work queued on ``device`` has finished."""
 
+    def _index(self, device: Any) -> int:
+        """Device index of ``device`` (index, ``torch.device`` with or without index, None: current)."""
+        if device is None:
+            return self.current_device()
+        if isinstance(device, torch.device):
+            return device.index if device.index is not None else self.current_device()
+        return int(device)
+
     def supports_dtype(self, dtype: torch.dtype, device: Any = None) -> bool:
-        """True when the device computes ``dtype`` natively (a silent downcast is not native)."""
-        idx = 0 if device is None or isinstance(device, torch.device) else int(device)
-        return dtype_name(dtype) in self.device_properties(idx).dtypes
+        """True when ``device`` (None: the current one) computes ``dtype`` natively (a silent downcast
+        is not native)."""
+        return dtype_name(dtype) in self.device_properties(self._index(device)).dtypes
 
     # ---- memory -------------------------------------------------------------------------------
     def allocate(self, shape: Sequence[int], dtype: torch.dtype = torch.float32, device: Any = None) -> torch.Tensor:
@@ -221,6 +239,72 @@ class Backend(abc.ABC):
         """Make ``stream`` current inside the ``with`` block."""
         with stream:
             yield stream
+
+    # ---- RNG ------------------------------------------------------------------------------------
+    # Defaults are the host generator's (the CPU); device backends seed the device's own generator.
+    def manual_seed(self, seed: int, device: Any = None) -> None:
+        """Seed the default random generator of ``device`` (None: the current device) only."""
+        torch.default_generator.manual_seed(int(seed))
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        """The default generator's state of ``device`` as a host ``uint8`` tensor (for checkpoints)."""
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        """Restore a state returned by :meth:`get_rng_state` on the same backend and device."""
+        torch.set_rng_state(state)
+
+    def generator(self, seed: Optional[int] = None, device: Any = None) -> torch.Generator:
+        """A new ``torch.Generator`` on ``device`` (seeded when ``seed`` is given), independent of the default."""
+        gen = torch.Generator(device=self.torch_device(device))
+        if seed is not None:
+            gen.manual_seed(int(seed))
+        return gen
+
+    # ---- environment ----------------------------------------------------------------------------
+    @classmethod
+    def env_map(cls) -> dict[str, Optional[str]]:
+        """``{CUDA variable: this backend's counterpart}`` (None: no counterpart; setting it does nothing).
+
+        Data, not code: the backend's ``env_map_file`` (``CUDA_NAME<TAB>OWN_NAME`` rows, ``#`` comments,
+        an empty second column for "none"). Empty when the backend ships no such file."""
+        path = cls.data_file(cls.env_map_file)
+        out: dict[str, Optional[str]] = {}
+        if path is None:
+            return out
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            cuda, _, own = line.partition("\t")
+            out[cuda.strip()] = own.strip() or None
+        return out
+
+    @classmethod
+    def translate_env(cls, environ: Mapping[str, str]) -> dict[str, str]:
+        """The CUDA variables set in ``environ`` renamed to this backend's counterparts (others dropped)."""
+        table = cls.env_map()
+        return {table[k]: v for k, v in environ.items() if table.get(k)}
+
+    @classmethod
+    def visible_devices(cls, environ: Optional[Mapping[str, str]] = None) -> Optional[list[str]]:
+        """Devices named in :attr:`visible_devices_env` (None: unset or no such variable, all visible)."""
+        env = os.environ if environ is None else environ
+        value = env.get(cls.visible_devices_env) if cls.visible_devices_env else None
+        if value is None:
+            return None
+        return [p.strip() for p in value.split(",") if p.strip()]
+
+    @classmethod
+    def restrict_devices_env(cls, devices: Sequence[Any], environ: Optional[Mapping[str, str]] = None
+                             ) -> dict[str, str]:
+        """A copy of ``environ`` (default ``os.environ``) for a child process that sees only ``devices``.
+
+        Raises NotSupportedError when the backend has no visible-devices variable (e.g. the CPU)."""
+        if not cls.visible_devices_env:
+            raise NotSupportedError("restrict_devices_env", cls.name, ["the backend has no visible-devices variable"])
+        env = dict(os.environ if environ is None else environ)
+        env[cls.visible_devices_env] = ",".join(str(d) for d in devices)
+        return env
 
     # ---- collectives ------------------------------------------------------------------------------
     def check_reduce_op(self, op: str) -> None:

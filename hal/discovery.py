@@ -1,6 +1,6 @@
 """Backend discovery over the ``hal.backends`` entry-point namespace.
 
-Contract (DESIGN.md section 4):
+Contract (docs/writing-a-backend.md, "Discovery"):
 - every installed entry point is listed; a plugin that fails to import or to probe is listed with
   its reason and never breaks discovery of the others;
 - **isolation:** HAL's own backends (entry points of the ``hal-portability`` distribution) are
@@ -243,7 +243,7 @@ def _load_all(names: Optional[list[str]] = None) -> dict[str, BackendInfo]:
     for name, msgs in notes.items():
         if name in found:
             found[name].collisions = tuple(msgs)
-    return found
+    return _with_registered(found, names)
 
 
 def _warn_missing(infos: dict[str, BackendInfo]) -> None:
@@ -343,6 +343,47 @@ def backend_for_device_type(device_type: str) -> Backend:
             return get_backend(info.name)
     raise BackendUnavailableError(device_type, "no available backend has this device type: "
                                   + backend_errors().get(device_type, "not installed"))
+
+
+# ---- in-process registration (tests, notebooks; DeepSpeed's set_accelerator) ----------------------
+_registered: dict[str, type] = {}
+
+
+def _with_registered(found: dict[str, BackendInfo], names: Optional[list[str]]) -> dict[str, BackendInfo]:
+    """``found`` with the in-process registrations added (they replace an entry point of the same name)."""
+    for name, cls in _registered.items():
+        if names is None or name in names:
+            found[name] = _probe(name, cls, f"{cls.__module__}:{cls.__qualname__}", "(registered in process)")
+    return found
+
+
+def register_backend(cls: type) -> BackendInfo:
+    """Make backend class ``cls`` discoverable in this process under ``cls.name``, without an entry point.
+
+    It is probed now, listed by :func:`list_backends`, returned by :func:`get_backend` and
+    :func:`backend_for_device_type` like an installed plugin, replaces an installed plugin of the same
+    name, and survives :func:`refresh`. Returns what discovery recorded (an unavailable class is
+    registered too, with its probe's reason). Raises TypeError unless ``cls`` is a
+    :class:`~hal.backend.Backend` subclass with a ``name``."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)) or not getattr(cls, "name", ""):
+        raise TypeError(f"register_backend needs a hal.Backend subclass with a name, not {cls!r}")
+    global _cache
+    with _lock:
+        _registered[cls.name] = cls
+        _instances.pop(cls.name, None)
+        _partial.pop(cls.name, None)
+        _cache = None
+    return {i.name: i for i in list_backends()}[cls.name]
+
+
+def unregister_backend(name: str) -> None:
+    """Undo :func:`register_backend` for ``name`` (installed plugins of that name come back). No-op if absent."""
+    global _cache
+    with _lock:
+        if _registered.pop(name, None) is not None:
+            _instances.pop(name, None)
+            _partial.pop(name, None)
+            _cache = None
 
 
 def refresh() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -12,6 +13,8 @@ class MemoryStats:
     ``peak``: the highest ``allocated`` since the last reset; ``total``/``free``: the device's
     memory as the driver (or, on the CPU, the OS) reports it. ``source`` names where the figures
     come from (e.g. ``"torch.cuda.memory_stats"``, ``"cupy.MemoryPool"``, ``"process RSS"``).
+    ``peak_reserved``: the highest ``reserved`` since the last reset, None where the backend does not
+    track it (what ``torch.cuda.max_memory_reserved`` answers).
     """
 
     allocated: int
@@ -20,6 +23,7 @@ class MemoryStats:
     total: int
     free: int
     source: str = ""
+    peak_reserved: Optional[int] = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -88,9 +88,9 @@ def synchronize(device: torch.device, backend: Optional[Backend]) -> None:
         mod.synchronize(device)
 
 
-def _device_rng_module(device: torch.device) -> Any:
-    mod = getattr(torch, device.type, None) if device.type not in ("cpu", "meta") else None
-    return mod if mod is not None and hasattr(mod, "get_rng_state") else None
+def _device_rng(device: torch.device, backend: Optional[Backend]) -> Optional[Backend]:
+    """The HAL backend that owns ``device``'s random generator (None: the host generator is the only one)."""
+    return backend if backend is not None and device.type != "cpu" else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +179,9 @@ class Workload(abc.ABC):
         self.optimizer = self._make_optimizer(self.model.parameters())
         self.step = 0
         torch.manual_seed(self.seed)  # the same RNG stream (dropout) wherever build happened
-        mod = _device_rng_module(self.device)
-        if mod is not None and hasattr(mod, "manual_seed"):
-            mod.manual_seed(self.seed)
+        rng = _device_rng(self.device, self.backend)
+        if rng is not None:
+            rng.manual_seed(self.seed, self.device)
         return self
 
     def _require_built(self) -> None:
@@ -243,7 +243,7 @@ class Workload(abc.ABC):
     def state_dict(self) -> dict:
         """Everything needed to resume bitwise: model, optimizer, step, RNG states (host tensors)."""
         self._require_built()
-        mod = _device_rng_module(self.device)
+        rng = _device_rng(self.device, self.backend)
         return {
             "format": CHECKPOINT_FORMAT, "workload": self.name, "config": dataclasses.asdict(self.config),
             "dtype": dtype_name(self.dtype), "seed": self.seed, "step": self.step,
@@ -251,7 +251,7 @@ class Workload(abc.ABC):
             "model": {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()},
             "optimizer": _to_host(self.optimizer.state_dict()),
             "rng": {"host": torch.get_rng_state(),
-                    "device": mod.get_rng_state(self.device) if mod is not None else None},
+                    "device": rng.get_rng_state(self.device) if rng is not None else None},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -268,9 +268,9 @@ class Workload(abc.ABC):
         self.optimizer.load_state_dict(sd["optimizer"])  # moves state to the parameters' device
         self.step = int(sd["step"])
         torch.set_rng_state(sd["rng"]["host"])
-        mod = _device_rng_module(self.device)
-        if mod is not None and sd["rng"].get("device") is not None and str(self.device) == sd.get("saved_on"):
-            mod.set_rng_state(sd["rng"]["device"], self.device)
+        rng = _device_rng(self.device, self.backend)
+        if rng is not None and sd["rng"].get("device") is not None and str(self.device) == sd.get("saved_on"):
+            rng.set_rng_state(sd["rng"]["device"], self.device)
 
     def save(self, path: "str | os.PathLike") -> None:
         """Write :meth:`state_dict` to ``path`` with ``torch.save``."""

@@ -276,3 +276,15 @@ def test_backend_without_manifest_is_unknown_not_an_error():
     assert st.status == "unknown" and "no capability manifest" in st.reason
     with pytest.raises(FileNotFoundError):
         load_manifest("no_such_backend")
+
+
+def test_kernel_kind_from_the_stable_dispatcher_api():
+    """kernel_kind asks _dispatch_has_kernel_for_dispatch_key in the dispatcher's precedence (no
+    dispatch-table text): the same answers on torch 2.4 and the newest."""
+    from hal.capabilities.trace import kernel_kind
+    assert kernel_kind("aten::add.Tensor", "CPU") == "kernel"
+    assert kernel_kind("aten::matmul", "PrivateUse1") == "cia" and kernel_kind("aten::matmul", "CPU") == "cia"
+    assert kernel_kind("aten::sum", "PrivateUse1") == "cea"
+    assert kernel_kind("aten::mm", "PrivateUse1") == "cea" and kernel_kind("aten::mm", "CPU") == "kernel"
+    assert kernel_kind("aten::mode", "PrivateUse1") == "-"
+    assert kernel_kind("aten::no_such_op", "CPU") == "-"

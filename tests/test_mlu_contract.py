@@ -327,3 +327,20 @@ def test_stand_in_does_not_leak():
     assert ("torch_mlu" in sys.modules, hasattr(torch, "mlu")) == before
     if not real:  # an MLU-absence assertion holds only where the probe says the MLU is absent
         assert not before[0] and not {i.name: i for i in hal.list_backends()}["mlu"].available
+
+
+def test_contract_supports_dtype_asks_the_device_named(backend, stand_in):
+    """Device 0 is arch 5.0 (bfloat16), device 1 arch 3.0 (none): the answer is the named device's."""
+    assert backend.supports_dtype(torch.bfloat16, 0)
+    assert not backend.supports_dtype(torch.bfloat16, 1)
+    backend.set_device(1)
+    assert not backend.supports_dtype(torch.bfloat16)  # None: the current device
+    backend.set_device(0)
+
+
+def test_contract_visible_devices_env(backend):
+    assert backend.visible_devices_env == "MLU_VISIBLE_DEVICES"
+    assert backend.env_map()["CUDA_VISIBLE_DEVICES"] == "MLU_VISIBLE_DEVICES"
+    assert backend.translate_env({"CUDA_VISIBLE_DEVICES": "1", "CUDA_LAUNCH_BLOCKING": "1"}) == \
+        {"MLU_VISIBLE_DEVICES": "1"}
+    assert backend.visible_devices(backend.restrict_devices_env([1, 0], {})) == ["1", "0"]

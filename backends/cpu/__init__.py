@@ -88,7 +88,8 @@ class CpuBackend(Backend):
                 CpuBackend._peak_base = peak = max(CpuBackend._peak_base, rss)
             else:
                 peak = max(_rss_peak_bytes(), rss)
-        return MemoryStats(allocated=rss, reserved=rss, peak=peak, total=int(vm.total), free=int(vm.available),
+        return MemoryStats(allocated=rss, reserved=rss, peak=peak, peak_reserved=peak,
+                           total=int(vm.total), free=int(vm.available),
                            source="process RSS (psutil); peak from getrusage until reset, then sampled")
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:

@@ -1,59 +1,58 @@
-"""The CUDA backend class: devices, memory through CuPy's pool, torch CUDA streams, NCCL, Triton ops.
+"""The CUDA backend class: torch.cuda through :class:`hal.device_backend.TorchDeviceBackend`, plus what CUDA adds.
 
-See :class:`CudaBackend`. CuPy, Triton and ``torch.cuda`` device state are touched only in the
-probe and at first use, never at import, so this module imports on a machine with no GPU.
+See :class:`CudaBackend`. Availability is torch's alone (``torch.cuda.is_available()``); CuPy and
+Triton are optional additions, imported only at first use, never at module import, so this module
+imports on a machine with no GPU and a CUDA torch without CuPy reports ``cuda`` available.
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 import threading
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-from hal.backend import Availability, Backend, DeviceProperties
+from hal.backend import Availability
+from hal.device_backend import TorchDeviceBackend
 from hal.memory import MemoryStats
-from hal.streams import TorchEvent, TorchStream
 
-#: ceilings measured on an H200 (copy: read + write bytes; bf16: dense 8192^3 matmul, random data)
-H200_PEAKS = {"copy_bytes_per_s": 4.3e12, "flops_per_s.bfloat16": 7.9e14}
-H200_PEAKS_SOURCE = "measured on H200, 2026-11 (shared/reference/performance-anchors.md)"
-#: environment the backend sets (without overriding the user's) before NCCL is initialised
-NCCL_ENV_DEFAULTS = {
-    # NVLink multicast (NVLS) off: required on the shared H200 hosts this project runs on.
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    # On a collective timeout the watchdog aborts the communicator (the process ends with an
-    # error) instead of hanging forever. Blocking wait, which turns a timeout into an exception in
-    # the caller, busy-waits the host on every collective; it is opt-in (HAL_NCCL_BLOCKING_WAIT=1).
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-}
+#: set (without overriding the user's) when the backend is instantiated, before NCCL is initialised:
+#: on a collective timeout the watchdog aborts the communicator (the process ends with an error)
+#: instead of hanging. Blocking wait busy-waits the host; it is opt-in (HAL_NCCL_BLOCKING_WAIT=1).
+#: Site settings (e.g. NCCL_NVLS_ENABLE=0 on hosts whose NVLink multicast is unusable) are not
+#: library defaults: the scripts that need them export them (benchmarks/*.sh).
+NCCL_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 ENV_ROUTE_ATEN = "HAL_CUDA_ROUTE_ATEN"
 
 
-def _index(device: Any) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, torch.device):
-        return device.index if device.index is not None else torch.cuda.current_device()
-    return int(device)
+def _optional(module: str) -> Availability:
+    try:
+        mod = __import__(module)
+    except Exception as exc:
+        return Availability.no(f"{module} is not importable ({type(exc).__name__}: {exc})")
+    return Availability.ok(f"{module} {getattr(mod, '__version__', '?')}")
 
 
-class CudaBackend(Backend):
-    """NVIDIA GPUs through torch.cuda, CuPy (memory pool, DLPack, streams), Triton (ops) and NCCL.
+@functools.lru_cache(maxsize=1)
+def _peak_table() -> dict:
+    path = os.path.join(os.path.dirname(__file__), "peaks.json")
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)["devices"]
 
-    - Memory: :meth:`allocate` takes a block from CuPy's memory pool and returns a torch tensor
-      over it (DLPack, zero copy); the block returns to the pool when the tensor is freed.
-      :meth:`memory_stats` adds torch's caching allocator and CuPy's pool, so for work that
-      allocates through torch ``peak == torch.cuda.max_memory_allocated()``.
-    - Streams/events wrap ``torch.cuda.Stream``/``Event``; :mod:`hal.backends.cuda.interop`
-      converts them to and from CuPy streams (same handle).
-    - Collectives: torch.distributed with NCCL; :data:`NCCL_ENV_DEFAULTS` is applied (setdefault)
-      when the backend is instantiated, before any process group exists.
-    - Ops: Triton kernels (priority 10) where their predicates accept the call, torch's CUDA
-      kernels for the rest; ``$HAL_CUDA_ROUTE_ATEN=1`` also routes ATen's softmax, log_softmax
-      and layer_norm to the Triton kernels (:mod:`hal.backends.cuda.aten`).
+
+class CudaBackend(TorchDeviceBackend):
+    """NVIDIA GPUs through torch.cuda and NCCL; CuPy (memory pool, interop) and Triton (kernels) when present.
+
+    - Availability: ``torch.cuda`` alone. :meth:`extras` says which additions are usable and why not.
+    - Memory: with CuPy, :meth:`allocate` takes a block of CuPy's pool (DLPack, zero copy) and
+      :meth:`memory_stats` adds the pool to torch's caching allocator; without CuPy both are torch's.
+    - Ops: Triton kernels (priority 10) where their predicates accept the call, torch's CUDA kernels
+      for the rest (and for everything when Triton is absent, with the reason in ``kernel_status``);
+      ``$HAL_CUDA_ROUTE_ATEN=1`` also routes ATen's softmax, log_softmax and layer_norm to them.
+    - Peaks: from ``peaks.json`` (each row with its provenance) or :meth:`measure_copy_bandwidth`.
 
     Thread-safety: instances are shared; the CuPy peak counter takes a lock.
     """
@@ -65,6 +64,7 @@ class CudaBackend(Backend):
     profiler_activity = "CUDA"
     device_files = ("/dev/nvidia[0-9]*",)
     unsupported_reduce_ops = frozenset({"BAND", "BOR", "BXOR"})
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
 
     def __init__(self) -> None:
         for key, value in NCCL_ENV_DEFAULTS.items():
@@ -76,30 +76,20 @@ class CudaBackend(Backend):
         self._measured_peaks: dict[int, dict[str, float]] = {}
         self.kernel_status = "not registered yet"
 
-    # ---- discovery ------------------------------------------------------------------------------
+    # ---- what CUDA adds -----------------------------------------------------------------------------
     @classmethod
-    def probe(cls) -> Availability:
-        try:
-            import cupy
-        except Exception as exc:
-            return Availability.no(f"cupy is not importable ({type(exc).__name__}: {exc})")
-        try:
-            if not torch.cuda.is_available():
-                return Availability.no(f"torch.cuda.is_available() is False (torch {torch.__version__}, "
-                                       f"built for CUDA {torch.version.cuda})")
-            count = torch.cuda.device_count()
-            ccount = cupy.cuda.runtime.getDeviceCount()
-        except Exception as exc:
-            return Availability.no(f"CUDA runtime error: {type(exc).__name__}: {exc}")
-        if ccount != count:
-            return Availability.no(f"torch sees {count} CUDA devices but cupy sees {ccount}")
-        return Availability.ok(f"{count} CUDA device(s), torch {torch.__version__} (CUDA {torch.version.cuda}), "
-                               f"cupy {cupy.__version__}")
+    def extras(cls) -> dict[str, Availability]:
+        """``{"triton_kernels": ..., "cupy_pool_interop": ...}``: the optional additions, with reasons."""
+        return {"triton_kernels": _optional("triton"), "cupy_pool_interop": _optional("cupy")}
+
+    @classmethod
+    def availability_detail(cls) -> str:
+        return "; ".join(f"{k}: {'available' if a.available else 'unavailable'} ({a.reason})"
+                         for k, a in cls.extras().items())
 
     @classmethod
     def versions(cls) -> dict[str, str]:
-        v = {"torch": torch.__version__, "python": platform.python_version(),
-             "cuda_torch": str(torch.version.cuda)}
+        v = {"torch": torch.__version__, "python": platform.python_version(), "cuda_torch": str(torch.version.cuda)}
         try:
             import cupy
             v["cupy"] = cupy.__version__
@@ -119,51 +109,35 @@ class CudaBackend(Backend):
             pass
         return v
 
-    # ---- devices ----------------------------------------------------------------------------------
-    def device_count(self) -> int:
-        return torch.cuda.device_count()
+    # ---- devices: what differs from torch's defaults ------------------------------------------------
+    def native_dtypes(self, capability: Optional[tuple[int, int]]) -> tuple[str, ...]:
+        dtypes = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool",
+                  "complex64", "complex128")
+        return dtypes[:3] + ("bfloat16",) + dtypes[3:] if capability and capability >= (8, 0) else dtypes
 
-    def current_device(self) -> int:
-        return torch.cuda.current_device()
+    def device_features(self, capability: Optional[tuple[int, int]]) -> tuple[str, ...]:
+        cap = capability or (0, 0)
+        return tuple(f for need, fs in (((8, 0), ("bf16", "tf32")), ((8, 9), ("fp8",)), ((9, 0), ("tma", "wgmma")))
+                     if cap >= need for f in fs)
 
-    def set_device(self, index: int) -> None:
-        torch.cuda.set_device(int(index))
-
-    def synchronize(self, device: Any = None) -> None:
-        torch.cuda.synchronize(None if device is None else _index(device))
-
-    def device_properties(self, index: int = 0) -> DeviceProperties:
-        if not 0 <= int(index) < self.device_count():
-            raise IndexError(f"cuda has {self.device_count()} device(s); no device {index}")
-        p = torch.cuda.get_device_properties(int(index))
-        cap = (int(p.major), int(p.minor))
-        dtypes = ["float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool",
-                  "complex64", "complex128"]
-        features = []
-        if cap >= (8, 0):
-            dtypes.insert(3, "bfloat16")
-            features += ["bf16", "tf32"]
-        if cap >= (8, 9):
-            features.append("fp8")
-        if cap >= (9, 0):
-            features += ["tma", "wgmma"]
-        if "H200" in p.name:
-            peaks, source = dict(H200_PEAKS), H200_PEAKS_SOURCE
-        elif int(index) in self._measured_peaks:
-            peaks, source = dict(self._measured_peaks[int(index)]), "measured in this process (measure_copy_bandwidth)"
-        else:
-            peaks, source = {}, "not measured (call CudaBackend.measure_copy_bandwidth())"
-        extra = {"multi_processor_count": int(p.multi_processor_count)}
+    def device_extra(self, props: Any) -> dict:
+        extra = {"multi_processor_count": int(props.multi_processor_count)}
         for attr in ("L2_cache_size", "warp_size", "uuid"):
-            if hasattr(p, attr):
-                extra[attr] = str(getattr(p, attr)) if attr == "uuid" else int(getattr(p, attr))
-        return DeviceProperties(index=int(index), name=p.name, total_memory=int(p.total_memory), capability=cap,
-                                dtypes=tuple(dtypes), features=tuple(features), peaks=peaks,
-                                peaks_source=source, extra=extra)
+            if hasattr(props, attr):
+                extra[attr] = str(getattr(props, attr)) if attr == "uuid" else int(getattr(props, attr))
+        return extra
+
+    def device_peaks(self, index: int, props: Any) -> tuple[dict, str]:
+        if index in self._measured_peaks:
+            return dict(self._measured_peaks[index]), "measured in this process (measure_copy_bandwidth)"
+        for key, row in _peak_table().items():
+            if key in str(props.name):
+                return dict(row["peaks"]), row["source"]
+        return {}, "not measured (call CudaBackend.measure_copy_bandwidth())"
 
     def measure_copy_bandwidth(self, index: int = 0, nbytes: int = 1 << 30, repeats: int = 10) -> float:
         """Device-to-device copy bandwidth in bytes/s (read + write counted; median of ``repeats``),
-        remembered as this device's ``copy_bytes_per_s`` peak unless the device has published ones."""
+        remembered as this device's ``copy_bytes_per_s`` peak for the rest of the process."""
         dev = torch.device("cuda", int(index))
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev).random_(0, 255)
         dst = torch.empty_like(src)
@@ -182,16 +156,17 @@ class CudaBackend(Backend):
         self._measured_peaks[int(index)] = {"copy_bytes_per_s": bw}
         return bw
 
-    # ---- memory -----------------------------------------------------------------------------------
+    # ---- memory: CuPy's pool when CuPy is there ------------------------------------------------------
     def allocate(self, shape: Sequence[int], dtype: torch.dtype = torch.float32, device: Any = None) -> torch.Tensor:
-        """Uninitialised tensor whose memory is a block of CuPy's pool (DLPack, zero copy)."""
-        import cupy
-        idx = _index(device)
+        """Uninitialised tensor; its memory is a block of CuPy's pool (DLPack, zero copy) when CuPy is
+        importable, else torch's caching allocator."""
+        try:
+            import cupy
+        except ImportError:
+            return super().allocate(shape, dtype, device)
+        idx = self._index(device)
         shape = tuple(int(s) for s in shape)
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype, device=torch.device("cuda", idx))
         with cupy.cuda.Device(idx):
@@ -211,47 +186,34 @@ class CudaBackend(Backend):
             return 0, 0
 
     def memory_stats(self, device: Any = None) -> MemoryStats:
-        idx = _index(device)
-        stats = torch.cuda.memory_stats(idx)
+        idx = self._index(device)
+        base = super().memory_stats(idx)
         used, pooled = self._cupy_pool(idx)
         with self._lock:
-            cupy_peak = max(self._cupy_peak.get(idx, 0), used)
-            self._cupy_peak[idx] = cupy_peak
-        free, total = torch.cuda.mem_get_info(idx)
-        return MemoryStats(
-            allocated=int(stats.get("allocated_bytes.all.current", 0)) + used,
-            reserved=int(stats.get("reserved_bytes.all.current", 0)) + pooled,
-            peak=int(torch.cuda.max_memory_allocated(idx)) + cupy_peak,
-            total=int(total), free=int(free),
-            source=(f"torch.cuda.memory_stats + cupy.MemoryPool (cupy used {used} B, pooled {pooled} B, "
-                    f"peak used {cupy_peak} B)"))
+            cupy_peak = self._cupy_peak[idx] = max(self._cupy_peak.get(idx, 0), used)
+        return MemoryStats(allocated=base.allocated + used, reserved=base.reserved + pooled,
+                           peak=base.peak + cupy_peak, total=base.total, free=base.free,
+                           # CuPy's pool only grows until empty_cache(): its current size is its peak
+                           peak_reserved=None if base.peak_reserved is None else base.peak_reserved + pooled,
+                           source=(f"{base.source} + cupy.MemoryPool (cupy used {used} B, pooled {pooled} B, "
+                                   f"peak used {cupy_peak} B)"))
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:
-        idx = _index(device)
-        torch.cuda.reset_peak_memory_stats(idx)
+        idx = self._index(device)
+        super().reset_peak_memory_stats(idx)
         used, _ = self._cupy_pool(idx)
         with self._lock:
             self._cupy_peak[idx] = used
 
     def empty_cache(self) -> None:
-        torch.cuda.empty_cache()
+        super().empty_cache()
         try:
             import cupy
             cupy.get_default_memory_pool().free_all_blocks()
         except Exception:
             pass
 
-    # ---- streams and events -----------------------------------------------------------------------
-    def create_stream(self, device: Any = None, priority: int = 0) -> TorchStream:
-        return TorchStream(torch.cuda.Stream(device=_index(device), priority=priority), torch.cuda)
-
-    def current_stream(self, device: Any = None) -> TorchStream:
-        return TorchStream(torch.cuda.current_stream(_index(device)), torch.cuda)
-
-    def create_event(self, enable_timing: bool = False) -> TorchEvent:
-        return TorchEvent(torch.cuda.Event(enable_timing=enable_timing))
-
-    # ---- ops --------------------------------------------------------------------------------------
+    # ---- ops ----------------------------------------------------------------------------------------
     def register_ops(self, registry: Any) -> None:
         from hal.ops import register_torch_impls
         register_torch_impls(registry, "cuda")
@@ -260,7 +222,7 @@ class CudaBackend(Backend):
             names = kernels.register(registry)
             self.kernel_status = "triton: " + ", ".join(names)
         except ImportError as exc:
-            self.kernel_status = f"torch kernels only: triton is not importable ({exc})"
+            self.kernel_status = f"torch kernels only: triton kernels unavailable (triton is not importable: {exc})"
         if os.environ.get(ENV_ROUTE_ATEN) == "1":
             from hal.backends.cuda import aten
             aten.route_aten_ops()
@@ -268,7 +230,8 @@ class CudaBackend(Backend):
     def describe(self) -> dict:
         d = super().describe()
         d["kernels"] = self.kernel_status
+        d["extras"] = {k: {"available": a.available, "reason": a.reason} for k, a in self.extras().items()}
         return d
 
 
-__all__ = ["CudaBackend", "H200_PEAKS", "NCCL_ENV_DEFAULTS"]
+__all__ = ["CudaBackend", "NCCL_ENV_DEFAULTS"]

@@ -7,22 +7,16 @@ from typing import Any, Optional
 
 import torch
 
-from hal.backend import Availability, Backend, DeviceProperties
+from hal.device_backend import TorchDeviceBackend, device_module
 from hal.errors import NotSupportedError
-from hal.memory import MemoryStats
-from hal.streams import TorchEvent, TorchStream
 
-#: dtypes every MLU computes natively; bfloat16 and float8 depend on the architecture (see _dtypes)
+#: dtypes every MLU computes natively; bfloat16 and float8 depend on the architecture (see MluBackend.native_dtypes)
 _BASE_DTYPES = ("float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64")
 
 
 def mlu_module() -> Any:
     """``torch.mlu`` after ``import torch_mlu`` (raises ImportError naming torch_mlu when absent)."""
-    importlib.import_module("torch_mlu")
-    mod = getattr(torch, "mlu", None)
-    if mod is None:
-        raise ImportError("torch_mlu was imported but did not register torch.mlu")
-    return mod
+    return device_module("mlu", "torch_mlu")
 
 
 def _manifest():
@@ -30,40 +24,26 @@ def _manifest():
     return load_manifest("mlu")
 
 
-class MluBackend(Backend):
-    """See the package docstring. Raises NotSupportedError for what CNCL/torch_mlu cannot do."""
+class MluBackend(TorchDeviceBackend):
+    """See the package docstring. Raises NotSupportedError for what CNCL/torch_mlu cannot do.
+
+    Devices, memory, streams, events and RNG are :class:`~hal.device_backend.TorchDeviceBackend`'s
+    over ``torch.mlu``; what differs is below: dtypes by architecture (from the manifest), autocast,
+    the profiler activity, and which HAL ops run natively."""
 
     name = "mlu"
     device_type = "mlu"
+    torch_plugin = "torch_mlu"
     priority = 300
     dist_backend = "cncl"
     profiler_activity = "PrivateUse1"
     device_files = ("/dev/cambricon_dev*", "/dev/cambricon_ctl")
     unsupported_reduce_ops = frozenset({"BAND", "BOR", "BXOR", "PREMUL_SUM"})
+    visible_devices_env = "MLU_VISIBLE_DEVICES"
 
-    # ---- discovery ----------------------------------------------------------------------------
     @classmethod
-    def probe(cls) -> Availability:
-        try:
-            import torch_mlu  # noqa: F401
-        except Exception as exc:
-            return Availability.no(f"torch_mlu is not importable ({type(exc).__name__}: {exc})")
-        mod = getattr(torch, "mlu", None)
-        if mod is None:
-            return Availability.no("torch_mlu imported but torch.mlu is missing (torch_mlu does not match this torch)")
-        try:
-            ok = bool(mod.is_available())
-        except Exception as exc:
-            return Availability.no(f"torch.mlu.is_available() raised {type(exc).__name__}: {exc}")
-        if not ok:
-            return Availability.no("torch_mlu is installed but torch.mlu.is_available() is False "
-                                   "(no visible MLU: check the driver, MLU_VISIBLE_DEVICES / CN_VISIBLE_DEVICES)")
-        try:
-            n = int(mod.device_count())
-        except Exception:
-            n = 0
-        return Availability.ok(f"torch_mlu {getattr(importlib.import_module('torch_mlu'), '__version__', '?')}, "
-                               f"{n} MLU device(s)")
+    def availability_detail(cls) -> str:
+        return f"torch_mlu {getattr(importlib.import_module('torch_mlu'), '__version__', '?')}"
 
     @classmethod
     def versions(cls) -> dict[str, str]:
@@ -81,80 +61,26 @@ class MluBackend(Backend):
 
     @property
     def _mlu(self) -> Any:
-        return mlu_module()
+        return self._mod
 
-    # ---- devices ------------------------------------------------------------------------------
-    def device_count(self) -> int:
-        return int(self._mlu.device_count())
-
-    def current_device(self) -> int:
-        return int(self._mlu.current_device())
-
-    def set_device(self, index: int) -> None:
-        if not 0 <= index < self.device_count():
-            raise NotSupportedError(f"device index {index}", self.name, [f"{self.device_count()} MLU(s) visible"])
-        self._mlu.set_device(index)
-
-    def synchronize(self, device: Any = None) -> None:
-        self._mlu.synchronize(self._index(device))
-
-    def _index(self, device: Any) -> int:
-        if device is None:
-            return self.current_device()
-        if isinstance(device, torch.device):
-            return device.index if device.index is not None else self.current_device()
-        return int(device)
-
-    @staticmethod
-    def _dtypes(major: int) -> tuple[str, ...]:
-        """Natively computed dtypes for architecture ``major``: bfloat16 from 5 (MLU500), float8 from 6."""
+    # ---- devices: what differs ------------------------------------------------------------------
+    def native_dtypes(self, capability: Optional[tuple[int, int]]) -> tuple[str, ...]:
+        """bfloat16 from architecture major 5 (MLU500), float8 from 6 (rules from the manifest)."""
+        major = capability[0] if capability else 0
         rules = _manifest().dtypes.get("min_arch_major", {"bfloat16": 5, "float8_e4m3fn": 6, "float8_e5m2": 6})
         return _BASE_DTYPES + tuple(d for d, need in sorted(rules.items(), key=lambda kv: kv[1]) if major >= need)
 
-    def device_properties(self, index: int = 0) -> DeviceProperties:
-        count = self.device_count()
-        if not 0 <= index < count:
-            raise IndexError(f"MLU index {index} out of range ({count} device(s))")
-        p = self._mlu.get_device_properties(index)
-        major, minor = int(p.major), int(p.minor)
-        extra = {k: getattr(p, k) for k in ("isa_version", "multi_processor_count", "cluster_count",
-                                            "core_num_per_cluster", "supports_linear_memory") if hasattr(p, k)}
+    def downcasts(self) -> dict:
+        return dict(_manifest().dtypes.get("downcasts", {}))
+
+    def device_features(self, capability: Optional[tuple[int, int]]) -> tuple[str, ...]:
+        return ("tf32",) if capability and capability[0] >= 5 else ()
+
+    def device_extra(self, props: Any) -> dict:
+        extra = {k: getattr(props, k) for k in ("isa_version", "multi_processor_count", "cluster_count",
+                                                "core_num_per_cluster", "supports_linear_memory") if hasattr(props, k)}
         extra["capability_meaning"] = "MLU architecture generation (not a CUDA SM version)"
-        features = ["tf32"] if major >= 5 else []
-        return DeviceProperties(
-            index=index, name=str(p.name), total_memory=int(p.total_memory), capability=(major, minor),
-            dtypes=self._dtypes(major), downcasts=dict(_manifest().dtypes.get("downcasts", {})),
-            features=tuple(features), extra=extra)
-
-    def supports_dtype(self, dtype: torch.dtype, device: Any = None) -> bool:
-        return super().supports_dtype(dtype, None if device is None else self._index(device))
-
-    # ---- memory -------------------------------------------------------------------------------
-    def memory_stats(self, device: Any = None) -> MemoryStats:
-        m, idx = self._mlu, self._index(device)
-        free, total = m.mem_get_info(idx)
-        return MemoryStats(allocated=int(m.memory_allocated(idx)), reserved=int(m.memory_reserved(idx)),
-                           peak=int(m.max_memory_allocated(idx)), total=int(total), free=int(free),
-                           source="torch.mlu caching allocator (memory_allocated/memory_reserved/"
-                                  "max_memory_allocated/mem_get_info)")
-
-    def reset_peak_memory_stats(self, device: Any = None) -> None:
-        self._mlu.reset_peak_memory_stats(self._index(device))
-
-    def empty_cache(self) -> None:
-        self._mlu.empty_cache()
-
-    # ---- streams and events -------------------------------------------------------------------
-    def create_stream(self, device: Any = None, priority: int = 0) -> TorchStream:
-        m = self._mlu
-        return TorchStream(m.Stream(device=self._index(device), priority=priority), m)
-
-    def current_stream(self, device: Any = None) -> TorchStream:
-        m = self._mlu
-        return TorchStream(m.current_stream(self._index(device)), m)
-
-    def create_event(self, enable_timing: bool = False) -> TorchEvent:
-        return TorchEvent(self._mlu.Event(enable_timing=enable_timing))
+        return extra
 
     # ---- autocast and profiling ----------------------------------------------------------------
     def autocast(self, dtype: torch.dtype = torch.float16, enabled: bool = True):

@@ -1,57 +1,41 @@
-"""The null backend: the skeleton a chip vendor copies to add a device family (see docs/writing-a-backend.md).
+"""The null backend: the skeleton a chip vendor copies to add a device family (docs/writing-a-backend.md).
 
-It is never available (its probe says so) and every device method raises NotSupportedError, which
-makes it both the template and a fixture for registry tests. It is not registered in HAL's own
-entry points; a vendor's copy registers itself in its own package's ``pyproject.toml``::
+A device whose torch extension provides ``torch.<device_type>`` with ``torch.cuda``'s API gets
+devices, memory statistics, streams, events and RNG from :class:`hal.TorchDeviceBackend`; the class
+below is then identity and data. This one is never available (``torch_null`` does not exist, so the
+probe says so). It is not in HAL's entry points; a vendor's copy registers itself in its own
+``pyproject.toml``::
 
     [project.entry-points."hal.backends"]
     mychip = "hal_mychip:MyChipBackend"
+
+and ships its data next to the module: ``env_map.tsv`` (CUDA variable -> yours), ``manifest.json``
+(which ATen ops have kernels), ``migration_rules.yaml`` (how CUDA source maps to your device).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from hal.backend import Availability, Backend, DeviceProperties
-from hal.errors import NotSupportedError
-from hal.memory import MemoryStats
-from hal.streams import Event, Stream
+from hal.device_backend import TorchDeviceBackend
 
 
-class NullBackend(Backend):
-    """Implements the whole interface; every device operation raises NotSupportedError."""
+class NullBackend(TorchDeviceBackend):
+    """Identity and data only; everything else is TorchDeviceBackend's over ``torch.null``."""
 
-    name = "null"
-    device_type = "null"
-    priority = -1
-    dist_backend = "gloo"
-    device_files = ()  # e.g. ("/dev/mychip*",): lets HAL warn when the card is there but the SDK is not
+    name = "null"                        # entry-point name, what users pass to --device
+    device_type = "null"                 # torch device type of your tensors (PrivateUse1 renamed)
+    torch_plugin = "torch_null"          # imported by the probe and at first use, never at import
+    priority = -1                        # cpu 0, cuda 200, mlu 300: higher wins automatic selection
+    dist_backend = "gloo"                # the torch.distributed backend your collective library registers
+    profiler_activity = "PrivateUse1"
+    visible_devices_env = "NULL_VISIBLE_DEVICES"
+    device_files = ()                    # e.g. ("/dev/mychip*",): HAL warns when the card is there, the SDK not
+    unsupported_reduce_ops = frozenset()  # e.g. {"BXOR"}: rejected before any call
 
-    @classmethod
-    def probe(cls) -> Availability:
-        # A real backend: try: import my_sdk; except ImportError as e: return Availability.no(f"... {e}")
-        # then check a device is visible WITHOUT creating a context, e.g. a device-count query.
-        return Availability.no("the null backend is a template and has no device")
+    # What really differs from torch.cuda's conventions, if anything:
+    def native_dtypes(self, capability: Optional[tuple[int, int]]) -> tuple[str, ...]:
+        return ("float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
 
-    def _unsupported(self, what: str) -> NotSupportedError:
-        return NotSupportedError(what, self.name, ["the null backend has no device"])
-
-    def device_count(self) -> int:
-        return 0
-
-    def device_properties(self, index: int = 0) -> DeviceProperties:
-        raise self._unsupported("device_properties")
-
-    def memory_stats(self, device: Any = None) -> MemoryStats:
-        raise self._unsupported("memory_stats")
-
-    def reset_peak_memory_stats(self, device: Any = None) -> None:
-        raise self._unsupported("reset_peak_memory_stats")
-
-    def create_stream(self, device: Any = None, priority: int = 0) -> Stream:
-        raise self._unsupported("create_stream")
-
-    def current_stream(self, device: Any = None) -> Stream:
-        raise self._unsupported("current_stream")
-
-    def create_event(self, enable_timing: bool = False) -> Event:
-        raise self._unsupported("create_event")
+    def register_ops(self, registry: Any) -> None:
+        from hal.ops import register_torch_impls
+        register_torch_impls(registry, self.device_type)  # + registry.register(op, ..., impl="mykernels")

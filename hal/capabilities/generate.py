@@ -25,7 +25,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from hal.capabilities.manifest import SCHEMA
+from hal.capabilities.live import SCHEMA, build_live
 from hal.capabilities.names import normalize_op
 
 QUANTIZED = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
@@ -161,26 +161,6 @@ def build_mlu(kernels: str, api: str, env: str, argv: Sequence[str]) -> dict:
     }
 
 
-def build_live(backend: str, dispatch_key: str, argv: Sequence[str]) -> dict:
-    """A manifest for ``backend`` from the live dispatcher: every ATen overload with a kernel
-    registered directly for ``dispatch_key``."""
-    import torch
-
-    from hal.capabilities.trace import aten_ops
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    native = [op for op in aten_ops() if has(op, dispatch_key)]
-    return {"schema": SCHEMA, "backend": backend, "dispatch_key": dispatch_key, "predicted": False,
-            "provenance": {"source": f"torch._C._dispatch_has_kernel_for_dispatch_key(op, {dispatch_key!r}) over "
-                                     "torch._C._dispatch_get_all_op_names()",
-                           "torch": torch.__version__, "torch_pairing": torch.__version__.split("+")[0],
-                           "cuda": getattr(torch.version, "cuda", None), "built_with_torch": torch.__version__,
-                           "generated_by": _command(argv)},
-            "native": {"aten": native},
-            # stock torch has no automatic CPU fallback: an op without a kernel for the key raises
-            "fallback": {"default_enabled": False,
-                         "note": f"torch raises NotImplementedError for an op with no {dispatch_key} kernel"}}
-
-
 def _write(data: dict, out: Optional[str]) -> None:
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     if out in (None, "-"):
@@ -198,7 +178,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = ap.add_subparsers(dest="what", required=True)
     s = sub.add_parser("optable", help="the device-independent ATen op table (composites and their callees)")
     s.add_argument("--out", default=str(pathlib.Path(__file__).parent / "data" / "aten_ops.json"))
-    s.add_argument("--samples", type=int, default=3, help="OpInfo samples traced per op")
+    s.add_argument("--samples", type=int, default=3, help="OpInfo samples traced per op (with --opinfo)")
+    s.add_argument("--opinfo", action="store_true",
+                   help="also trace PyTorch's OpInfo samples (needs torch.testing._internal and expecttest); "
+                        "default: inputs built from each op's schema only")
     s = sub.add_parser("mlu", help="the MLU manifest from torch_mlu's lists")
     s.add_argument("--kernels", required=True)
     s.add_argument("--api", required=True)
@@ -217,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.what == "optable":
             from hal.capabilities import optable, trace
-            traced, redispatched = trace.trace_composites(args.samples)
+            traced, redispatched = trace.trace_composites(args.samples) if args.opinfo else ({}, {})
             data = optable.build(traced, _command(argv), redispatched)
         elif args.what == "torch-ops":
             from hal.capabilities import versions
@@ -242,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.what == "cuda" and args.dispatch_key == "CUDA" and not torch.backends.cuda.is_built():
                 raise InputError(f"torch {torch.__version__} is a CPU-only build and registers no CUDA kernels; "
                                  "run this on a CUDA build of torch")
-            data = build_live(args.what, args.dispatch_key, argv)
+            data = build_live(args.what, args.dispatch_key, _command(argv))
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import json
 import pathlib
 from typing import Any, Mapping, Optional
 
-SCHEMA = "hal-capabilities/1"
+from hal.capabilities.live import SCHEMA, build_live
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +100,7 @@ def load_manifest(backend: str, path: Optional[str] = None) -> Manifest:
     p = pathlib.Path(path) if path else _manifest_path(backend)
     if p is None:
         if backend == "cpu":
-            from hal.capabilities.generate import build_live
-            return Manifest("cpu", build_live("cpu", "CPU", ["cpu", "(live, not written)"]), None)
+            return Manifest("cpu", build_live("cpu", "CPU", "hal.capabilities.live.build_live (live, not written)"), None)
         raise FileNotFoundError(f"no capability manifest for backend {backend!r}")
     data = json.loads(p.read_text(encoding="utf-8"))
     if data.get("schema") != SCHEMA:

@@ -66,8 +66,9 @@ def build(traced: dict[str, set[str]], generated_by: str,
                 entry["c"], entry["t"] = [], "untraced"
         ops[op] = entry
     return {"schema": SCHEMA,
-            "provenance": {"source": "the dispatcher of the installed torch (torch._C._dispatch_dump_table) and "
-                                     "torch.profiler traces of PyTorch's OpInfo samples on CPU",
+            "provenance": {"source": "the dispatcher of the installed torch (torch._C._dispatch_has_kernel_for_dispatch_key) "
+                                     "and torch.profiler traces on CPU of inputs built from each op's schema"
+                                     + (" and of PyTorch's OpInfo samples" if traced or redispatched else ""),
                            "torch": torch.__version__, "generated_by": generated_by},
             "ops": ops}
 

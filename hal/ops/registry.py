@@ -8,8 +8,10 @@ the candidates best first and keeps the reason each one was rejected (vLLM's inv
 the dispatcher in :mod:`hal.ops` caches the winner per (device, dtype) and falls back to the CPU
 according to :mod:`hal.ops.fallback` when nothing fits.
 
-Thread-safety: registration and resolution take a lock; the dispatch caches are plain dicts
-(replaced, never mutated in place, by invalidation), so lookups need no lock.
+Thread-safety: registration and resolution take a lock. The dispatch caches in :mod:`hal.ops` are
+plain dicts read and written without a lock (a single ``dict`` get or set is atomic in CPython) and
+cleared in place when the registry changes; a lookup racing an invalidation at worst resolves the
+op again.
 """
 from __future__ import annotations
 

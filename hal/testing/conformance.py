@@ -12,6 +12,8 @@ this module in its tests. Tests use real tensors, real streams and real processe
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -91,6 +93,7 @@ def test_memory_stats_follow_allocations(hal_backend):
     during = b.memory_stats()
     assert during.allocated - before.allocated >= 48 * 2**20, (before, during)
     assert during.peak >= during.allocated - 16 * 2**20
+    assert during.peak_reserved is None or during.peak_reserved >= during.reserved - 16 * 2**20
     del big
     b.empty_cache()
     assert b.memory_stats().peak >= during.allocated - 16 * 2**20  # peak survives the free
@@ -130,6 +133,68 @@ def test_event_ordering_and_timing(hal_backend):
     assert torch.isfinite(b.to_host(y)).all()
     with pytest.raises(RuntimeError):
         b.create_event().elapsed_time(b.create_event())
+
+
+# ---- RNG --------------------------------------------------------------------------------------
+def test_rng_seed_state_and_generator(hal_backend):
+    b = hal_backend
+    dev = b.torch_device()
+    b.manual_seed(1234)
+    first = torch.rand(4096, device=dev)
+    b.manual_seed(1234)
+    assert torch.equal(torch.rand(4096, device=dev), first)  # the seed decides the stream
+    state = b.get_rng_state()
+    assert isinstance(state, torch.Tensor) and state.device.type == "cpu" and state.dtype == torch.uint8
+    a = torch.rand(4096, device=dev)
+    b.set_rng_state(state)
+    assert torch.equal(torch.rand(4096, device=dev), a)  # restoring the state replays the stream
+    assert not torch.equal(a, first)
+    g1, g2 = b.generator(7), b.generator(7)
+    assert g1.device.type == b.device_type
+    x = torch.rand(4096, device=dev, generator=g1)
+    assert torch.equal(x, torch.rand(4096, device=dev, generator=g2))
+    b.set_rng_state(state)
+    torch.rand(4096, device=dev, generator=b.generator(8))  # a private generator leaves the default alone
+    assert torch.equal(torch.rand(4096, device=dev), a)
+
+
+# ---- environment ------------------------------------------------------------------------------
+def test_env_map_and_visible_devices_in_a_child(hal_backend, tmp_path):
+    b = hal_backend
+    table = b.env_map()
+    assert all(k.isupper() and (v is None or v.isupper()) for k, v in table.items()), table
+    if b.visible_devices_env is None:
+        with pytest.raises(NotSupportedError):
+            b.restrict_devices_env([0])
+        return
+    assert table.get("CUDA_VISIBLE_DEVICES") == b.visible_devices_env
+    assert b.translate_env({"CUDA_VISIBLE_DEVICES": "0", "HOME": "/x"}) == {b.visible_devices_env: "0"}
+    env = b.restrict_devices_env([b.device_count() - 1])
+    assert b.visible_devices(env) == [str(b.device_count() - 1)]
+    code = f"import hal; print(hal.backend_for_device_type({b.device_type!r}).device_count())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "1", (out.stdout, out.stderr[-2000:])
+
+
+# ---- in-process registration ------------------------------------------------------------------
+def test_register_backend_in_process(hal_backend):
+    b = hal_backend
+    derived = type(f"Conformance{type(b).__name__}", (type(b),), {"name": f"conformance-{b.name}", "priority": -100})
+    info = hal.register_backend(derived)
+    try:
+        assert info.available and info.distribution == "(registered in process)"
+        assert f"conformance-{b.name}" in {i.name for i in hal.list_backends()}
+        inst = hal.get_backend(f"conformance-{b.name}")
+        assert type(inst) is derived and inst.device_count() == b.device_count()
+        hal.refresh()  # a registration survives the entry-point cache being dropped
+        assert type(hal.get_backend(f"conformance-{b.name}")) is derived
+    finally:
+        hal.unregister_backend(f"conformance-{b.name}")
+    assert f"conformance-{b.name}" not in {i.name for i in hal.list_backends()}
+    with pytest.raises(hal.BackendUnavailableError):
+        hal.get_backend(f"conformance-{b.name}")
+    with pytest.raises(TypeError):
+        hal.register_backend(object)
 
 
 # ---- op registry -----------------------------------------------------------------------------
