@@ -34,6 +34,9 @@ def _commands(tmp: Path) -> list[tuple[str, list[str], bool]]:
     script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
     out = str(tmp / "audit-out")
     return [
+        ("python -c 'import torch' (the yardstick)", [sys.executable, "-c", "import torch"], False),
+        ("hal --help", [str(BIN / "hal"), "--help"], False),
+        ("hal-audit --help", [str(BIN / "hal-audit"), "--help"], False),
         ("import hal", [sys.executable, "-c", "import hal"], False),
         ("hal backends --format json", [str(BIN / "hal"), "backends", "--format", "json"], False),
         ("hal-audit x.py --device cpu --static-only", [str(BIN / "hal-audit"), str(script), "--device", "cpu",
