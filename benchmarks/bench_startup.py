@@ -36,6 +36,9 @@ def _commands(tmp: Path, python: str = sys.executable) -> list[tuple[str, list[s
     script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
     out = str(tmp / "audit-out")
     return [
+        ("python -c 'import torch' (the yardstick)", [python, "-c", "import torch"], False),
+        ("hal --help", [str(BIN / "hal"), "--help"], False),
+        ("hal-audit --help", [str(BIN / "hal-audit"), "--help"], False),
         ("import hal", [python, "-c", "import hal"], False),
         ("hal backends --format json", [str(BIN / "hal"), "backends", "--format", "json"], False),
         ("hal-audit x.py --device cpu --static-only", [str(BIN / "hal-audit"), str(script), "--device", "cpu",

@@ -14,14 +14,37 @@ The core never imports a vendor SDK; backends do, inside their probe or at first
 """
 from __future__ import annotations
 
-from hal.backend import Availability, Backend, DeviceProperties, dtype_name
-from hal.device_backend import TorchDeviceBackend
-from hal.discovery import (BackendInfo, backend_errors, backend_for_device_type, get_backend, list_backends,
-                           refresh, register_backend, unregister_backend)
+import importlib
+from typing import Any
+
+# torch-free, imported eagerly; everything else is imported on first use (``import hal`` and
+# ``hal --help`` cost a fraction of a torch import; see benchmarks/bench_startup.py)
 from hal.errors import (BackendUnavailableError, CollectiveError, CollectiveTimeoutError, HalError,
                         NotSupportedError, OpNotFoundError)
-from hal.memory import MemoryStats
-from hal.streams import Event, HostEvent, HostStream, Stream
+
+#: public name -> the module that defines it (imported by :func:`__getattr__` on first access)
+_LAZY = {
+    **dict.fromkeys(("Availability", "Backend", "DeviceProperties", "dtype_name"), "hal.backend"),
+    **dict.fromkeys(("BackendInfo", "backend_errors", "backend_for_device_type", "get_backend",
+                     "list_backends", "refresh", "register_backend", "unregister_backend"), "hal.discovery"),
+    "TorchDeviceBackend": "hal.device_backend",
+    "MemoryStats": "hal.memory",
+    **dict.fromkeys(("Event", "HostEvent", "HostStream", "Stream"), "hal.streams"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

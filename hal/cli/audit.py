@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Optional
 
-from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Parser, check_number, emit,
-                            run_cli)
+from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
+                            emit, run_cli)
 from hal.cli.outlock import OutBusyError, out_lock
 
 PROG = "hal-audit"
@@ -40,50 +40,56 @@ MAX_STEPS = 10**9
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1e9
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = Parser(
-        prog=PROG, description="Audit a CUDA PyTorch program for a target backend: device-specific code with a "
+        prog=prog, usage=f"{prog} (TARGET | -m MODULE) [options] [-- ARGS]", description="Audit a CUDA PyTorch program for a target backend: device-specific code with a "
                                "patch, ops that would fall back, dtype risks, precision and profile.",
-        epilog="Exit codes: 0 completed; 1 a --fail-on condition held; 2 bad input or usage; "
-               "3 the audited program failed (report still written).")
+        epilog="ARGS after -- go to the audited program. Exit codes: 0 completed; 1 a --fail-on condition "
+               "held; 2 bad input or usage; 3 the audited program failed or a requested section could not be "
+               "produced (report still written).",
+        formatter_class=DefaultsHelpFormatter)
+    add_version(p)
     p.add_argument("target", metavar="TARGET", nargs="?",
                    help="file.py | file.py:func | notebook.ipynb | folder | reference model name (e.g. gpt) | "
                         "model.onnx")
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module from the current folder like `python -m MODULE` (instead of TARGET)")
     p.add_argument("--device", default="mlu", metavar="NAME",
-                   help="target backend: any installed plugin (cpu, cuda, mlu, ...); default: mlu")
+                   help="target backend: any installed plugin (cpu, cuda, mlu, ...)")
     p.add_argument("--static-only", action="store_true", help="never import or execute the audited code")
     p.add_argument("--precision", action="store_true", help="compare the run against a float64 reference")
     p.add_argument("--profile", action="store_true", help="per-op time and memory on the target")
     p.add_argument("--memory-limit", type=float, metavar="MB",
                    help="cap the audited program's memory (heap and anonymous mappings) at MB megabytes; "
                         "an allocation past it fails inside the program and the run is reported as an error")
-    p.add_argument("--steps", type=int, metavar="N", help="stop after N optimizer steps / forward passes")
-    p.add_argument("--timeout", type=float, metavar="SEC", help="bound on the audited program's run")
+    p.add_argument("--steps", type=int, metavar="N", help="stop after N optimizer steps / forward passes "
+                   "(default: a script runs to its end; a func or model target runs 2)")
+    p.add_argument("--timeout", type=float, metavar="SEC",
+                   help="bound on the audited program's run, in seconds (default: 600)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"report folder (default: ./{DEFAULT_OUT}): audit.json always, audit.md, audit.html, "
+                   help="report folder: audit.json always, audit.md, audit.html, "
                         "audit.sarif, and migration.patch with --fix")
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="what goes to stdout")
     p.add_argument("--fail-on", choices=("finding", "fallback", "precision"),
                    help="exit 1 when: an error-severity finding exists | an op falls back | precision diverges")
     p.add_argument("--fix", action="store_true", help="write migration.patch (unified diff) into --out")
     p.add_argument("--fix-to", choices=("device", "hal"), default="device",
-                   help="device: CUDA names become the target's (default); hal: device-neutral calls")
+                   help="device: CUDA names become the target's; hal: device-neutral calls")
     return p
 
 
-def parse_args(argv: Optional[list]) -> argparse.Namespace:
+def parse_args(argv: Optional[list], prog: str = PROG) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list = []
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if (args.target is None) == (args.module is None):
         parser.error("give exactly one of TARGET or -m MODULE")
     args.args = extra
+    args.prog = prog
     return args
 
 
@@ -252,7 +258,7 @@ def handle(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"--out {args.out}: cannot create folder: {exc.strerror or exc}") from None
     try:
-        with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=PROG):
+        with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=args.prog):
             return _audit_locked(args, target, kind, static)
     except OutBusyError as exc:
         raise CliError(str(exc)) from None
@@ -308,8 +314,9 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
     return exit_code(report, args.fail_on)
 
 
-def main(argv=None) -> int:
-    return run_cli(lambda: parse_args(argv), handle, prog=PROG)
+def main(argv=None, prog: str = PROG) -> int:
+    """``hal-audit`` (and ``hal audit``, with ``prog="hal audit"``); returns the exit code."""
+    return run_cli(lambda: parse_args(argv, prog), handle, prog=prog)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -71,6 +71,23 @@ def check_number(option: str, value, *, minimum=None, maximum=None, above=None, 
     raise CliError(f"{option} must be {kind} {' and '.join(bounds)}, not {shown}".replace("  ", " "))
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help when it has a real default (not None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text
+                and action.option_strings and "default:" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+def add_version(p: argparse.ArgumentParser) -> None:
+    """``--version``: prints ``PROG VERSION`` (the installed distribution's version) and exits 0."""
+    from hal import __version__
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
 def add_format(p: argparse.ArgumentParser, choices=("text", "json"), default="text") -> None:
     p.add_argument("--format", choices=choices, default=default, help=f"stdout format (default: {default})")
 

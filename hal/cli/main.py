@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from tabulate import tabulate
 
-from hal.cli.common import CliError, Parser, add_format, check_number, emit, run_cli
+from hal.cli.common import CliError, Parser, add_format, add_version, check_number, emit, run_cli
 
 #: subcommand name -> (configure parser, handler); other modules add entries with :func:`subcommand`
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
@@ -73,14 +73,18 @@ def one_line_cell(text: str, limit: int = 160) -> str:
 
 
 MAX_WORLD_SIZE = 1024
+#: what ``hal collectives`` checks by default: hal.conformance.collectives.DTYPES, spelled out here so that
+#: ``hal --help`` need not import torch (tests/test_cli_surface.py checks that the two agree)
+COLLECTIVE_DTYPES = "float32,bfloat16,float16,int64"
 MAX_TIMEOUT_S = 1e6
 
 
 def _cfg_collectives(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="backend name (default: cpu)")
     p.add_argument("--world-size", type=int, default=2, help="number of processes (default: 2)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait for peers")
-    p.add_argument("--dtypes", default=",".join(__import__("hal.conformance.collectives", fromlist=["x"]).DTYPES))
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a collective may wait for peers (default: 120)")
+    p.add_argument("--dtypes", default=None, help=f"comma-separated dtypes to check (default: {COLLECTIVE_DTYPES})")
     add_format(p)
 
 
@@ -92,7 +96,8 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         raise CliError("--world-size must be at least 1")
     check_number("--world-size", args.world_size, minimum=1, maximum=MAX_WORLD_SIZE, what="an integer")
     check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds")
-    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    spec = COLLECTIVE_DTYPES if args.dtypes is None else args.dtypes
+    dtypes = tuple(d.strip() for d in spec.split(",") if d.strip())
     if not dtypes:
         raise CliError(f"--dtypes must name at least one dtype ({', '.join(collectives.DTYPES)}), not {args.dtypes!r}")
     for d in dtypes:
@@ -116,8 +121,15 @@ def cmd_collectives(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     _load_plugins()
-    parser = Parser(prog="hal", description="HAL: hardware abstraction and portability for PyTorch")
+    parser = Parser(prog="hal", description="HAL: hardware abstraction and portability for PyTorch",
+                    epilog="`hal audit TARGET ...` is the migration auditor, the same as `hal-audit` "
+                           "(see `hal audit --help`). Exit codes: 0 done; 1 a check ran and failed; 2 bad input "
+                           "or usage; 3 an audited program failed or a requested section could not be produced; "
+                           "4 internal error; 130 interrupted.")
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("audit", help="the migration auditor: the same as hal-audit (hal audit --help)",
+                   add_help=False)
     sub.required = True
     for name, (configure, handler, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -138,6 +150,10 @@ def _load_plugins() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["audit"]:  # `hal audit ...` is `hal-audit ...`, options, exit codes and all
+        from hal.cli import audit
+        return audit.main(argv[1:], prog="hal audit")
     return run_cli(lambda: build_parser().parse_args(argv), lambda a: a.handler(a), prog="hal")
 
 
