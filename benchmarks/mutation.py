@@ -149,10 +149,10 @@ CATALOGUE: list[Mutation] = [
     M("fallback_totals_seconds_overwritten", "fallback policy", "hal/ops/fallback.py",
       "tot.seconds += rec.seconds", "tot.seconds = rec.seconds", ORACLES, "-k", "totals"),
     # -- collectives and matrix merges ----------------------------------------------------------------
-    M("collectives_drop_rank_gt0_failure", "collectives merge", "conformance/collectives.py",
+    M("collectives_drop_rank_gt0_failure", "collectives merge", "hal/testing/collectives.py",
       'if other.status == "fail" and row.status != "fail":', "if False:",
       ORACLES, "-k", "collectives_merge"),
-    M("collectives_merge_keeps_rank0_error", "collectives merge", "conformance/collectives.py",
+    M("collectives_merge_keeps_rank0_error", "collectives merge", "hal/testing/collectives.py",
       "row.max_error = max(row.max_error, other.max_error)", "row.max_error = row.max_error",
       ORACLES, "-k", "collectives_merge"),
     M("matrix_collectives_ignore_verified", "matrix merge", "conformance/matrix/merge.py",

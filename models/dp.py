@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import torch
 
-from hal.cli.common import CliError, emit, run_cli
+from hal.commandline import CliError, emit, run_cli
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from hal.cli.common import CliError, run_cli
+from hal.commandline import CliError, run_cli
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:

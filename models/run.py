@@ -7,7 +7,7 @@ Prints a table (tabulate): median step time after ``--warmup`` steps, samples/s 
 measured peak memory of one step (:mod:`hal.models.measure`), the estimate
 (:mod:`hal.models.estimate`) and its relative error. ``--save``/``--resume`` write and read a
 checkpoint (any backend to any backend). Exit codes: 0 ok, 2 bad input (one line on stderr),
-4 internal error (see :mod:`hal.cli.common`).
+4 internal error (see :mod:`hal.commandline`).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from hal.cli.common import CliError, emit, run_cli
+from hal.commandline import CliError, emit, run_cli
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -72,5 +72,5 @@ def test_usage_names_program_args_and_help_shows_defaults():
 
 
 def test_collectives_default_dtypes_are_the_suites():
-    from hal.conformance.collectives import DTYPES
+    from hal.testing.collectives import DTYPES
     assert tuple(COLLECTIVE_DTYPES.split(",")) == DTYPES

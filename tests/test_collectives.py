@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hal.conformance.collectives import file_rendezvous
+from hal.testing.collectives import file_rendezvous
 
 
 def _rank(rank: int, ws: int, init: str, timeout_s: float, behaviour: str, q) -> None:

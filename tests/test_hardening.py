@@ -89,7 +89,7 @@ def test_report_writers_escape_program_text(tmp_path):
     (KeyboardInterrupt(), 130, "prog: interrupted"),
 ])
 def test_run_cli_maps_unexpected_failures(capsys, monkeypatch, exc, code, line):
-    from hal.cli.common import run_cli
+    from hal.commandline import run_cli
     monkeypatch.delenv("HAL_DEBUG", raising=False)
 
     def handler(_args):
@@ -120,6 +120,6 @@ def test_matrix_library_refuses_bad_numbers_before_running(kwargs, match):
                                                   (float("nan"), ("float32",), "timeout_s must be"),
                                                   (5.0, (), "dtypes must name")])
 def test_collectives_library_refuses_bad_input(timeout, dtypes, match):
-    from hal.conformance import collectives
+    from hal.testing import collectives
     with pytest.raises(ValueError, match=match):
         collectives.run("cpu", 2, timeout, dtypes)

@@ -65,7 +65,7 @@ def test_patch_applies_compiles_and_reaudits_clean(tmp_path, flavour):
         assert "from torch.mlu.amp import GradScaler, autocast" in amp and "torch.mlu.MLUGraph()" in amp
     else:
         patched = (tree / "cuda_train.py").read_text()
-        assert "import hal.conformance.migration.portable as hal_portable" in patched
+        assert "import hal.portable as hal_portable" in patched
         assert "torch.cuda." not in "".join(ln for ln in patched.splitlines() if not ln.lstrip().startswith("#")
                                            and "allow_tf32" not in ln and "cudnn" not in ln)
 
@@ -82,7 +82,7 @@ def test_patch_never_touches_comments_docstrings_or_lookalikes(tmp_path):
         for rel, new in res.patched(flavour).items():
             old_lines = before[rel].splitlines()
             new_lines = [ln for ln in new.splitlines() if "added by hal-audit" not in ln
-                         and ln != "import hal.conformance.migration.portable as hal_portable"]
+                         and ln != "import hal.portable as hal_portable"]
             assert len(new_lines) == len(old_lines), rel
             for i, (a, b) in enumerate(zip(old_lines, new_lines), 1):
                 if a != b:

@@ -52,7 +52,7 @@ def ours_changed_lines(path: pathlib.Path, flavour: str) -> set:
     after = res.patched(flavour).get(path.name, res.sources[path.name])
     before_lines = res.sources[path.name].splitlines()
     after_lines = [ln for ln in after.splitlines() if "added by hal-audit" not in ln
-                   and not ln.startswith("import hal.conformance.migration.portable")]
+                   and not ln.startswith("import hal.portable")]
     return {n for n, (a, b) in enumerate(zip(before_lines, after_lines), 1) if a != b}
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from hal.cli import audit as cli
-from hal.conformance.collectives import Row
-from hal.conformance.collectives import merge as merge_ranks
+from hal.testing.collectives import Row
+from hal.testing.collectives import merge as merge_ranks
 from hal.conformance.matrix.merge import merge as merge_matrices
 from hal.conformance.matrix.schema import document
 from hal.conformance.precision.compare import _verdict, classify

@@ -69,7 +69,7 @@ def run_cell(request: dict, timeout_s: float) -> Cell:
 def collectives_row(backend: str, world_size: int = 2, timeout_s: float = 120.0) -> dict:
     """The backend's collectives conformance row (run for real where the devices are present)."""
     import hal
-    from hal.conformance import collectives
+    from hal.testing import collectives
     info = {i.name: i for i in hal.list_backends()}.get(backend)
     if info is None:
         return {"backend": backend, "status": "not-run", "verified": False, "reason": "backend not installed"}

@@ -28,7 +28,7 @@ from hal.conformance.migration.rules import RuleSet, hal_map, longest_prefix
 from hal.conformance.migration.symbols import missing_symbols
 
 HAL_ALIAS = "hal_portable"
-HAL_IMPORT = f"import hal.conformance.migration.portable as {HAL_ALIAS}"
+HAL_IMPORT = f"import hal.portable as {HAL_ALIAS}"
 
 #: calls whose first positional argument is a device
 _DEVICE_ARG0 = frozenset({"torch.device", "torch.Generator", "torch.autocast", "torch.amp.autocast",
@@ -206,7 +206,7 @@ class _Scanner(ast.NodeVisitor):
             self._check_import(node, a.name)
             if a.name == self.r.import_module:
                 self.has_import["device"] = True
-            if a.name == "hal.conformance.migration.portable" and a.asname == HAL_ALIAS:
+            if a.name == "hal.portable" and a.asname == HAL_ALIAS:
                 self.has_import["hal"] = True
         self._rewrite_cuda_import(node)
 

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from hal.cli.common import CliError, emit, run_cli
+from hal.commandline import CliError, emit, run_cli
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 

@@ -14,7 +14,7 @@ import platform
 import sys
 from typing import Any
 
-from hal.cli.common import CliError, emit, run_cli
+from hal.commandline import CliError, emit, run_cli
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Optional
 
-from hal.cli.common import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
+from hal.commandline import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
                             emit, run_cli)
 from hal.cli.outlock import OutBusyError, out_lock
 

@@ -9,24 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 from tabulate import tabulate
 
-from hal.cli.common import CliError, Parser, add_format, add_version, check_number, emit, run_cli
-
-#: subcommand name -> (configure parser, handler); other modules add entries with :func:`subcommand`
-SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
-
-
-def subcommand(name: str, help: str):
-    def deco(configure):
-        def bind(handler):
-            SUBCOMMANDS[name] = (configure, handler, help)
-            return handler
-        return bind
-    return deco
-
+from hal.cli.registry import SUBCOMMANDS, subcommand
+from hal.commandline import CliError, Parser, add_format, add_version, check_number, emit, run_cli
 
 def _cfg_backends(p: argparse.ArgumentParser) -> None:
     add_format(p)
@@ -73,7 +61,7 @@ def one_line_cell(text: str, limit: int = 160) -> str:
 
 
 MAX_WORLD_SIZE = 1024
-#: what ``hal collectives`` checks by default: hal.conformance.collectives.DTYPES, spelled out here so that
+#: what ``hal collectives`` checks by default: hal.testing.collectives.DTYPES, spelled out here so that
 #: ``hal --help`` need not import torch (tests/test_cli_surface.py checks that the two agree)
 COLLECTIVE_DTYPES = "float32,bfloat16,float16,int64"
 MAX_TIMEOUT_S = 1e6
@@ -91,7 +79,7 @@ def _cfg_collectives(p: argparse.ArgumentParser) -> None:
 @subcommand("collectives", "run every collective in N real processes and check results exactly")(_cfg_collectives)
 def cmd_collectives(args: argparse.Namespace) -> int:
     import hal
-    from hal.conformance import collectives
+    from hal.testing import collectives
     if args.world_size < 1:
         raise CliError("--world-size must be at least 1")
     check_number("--world-size", args.world_size, minimum=1, maximum=MAX_WORLD_SIZE, what="an integer")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from hal.cli.common import CliError, check_number, emit
-from hal.cli.main import subcommand
+from hal.commandline import CliError, check_number, emit
+from hal.cli.registry import subcommand
 
 
 def _csv(text: str) -> list[str]:

@@ -243,7 +243,7 @@ def test_registry_fallback_policy_and_log(hal_backend):
 
 # ---- collectives -----------------------------------------------------------------------------
 def test_collectives_two_real_processes(hal_backend):
-    from hal.conformance import collectives
+    from hal.testing import collectives
     if hal_backend.device_type != "cpu" and hal_backend.device_count() < 2:
         pytest.skip(f"{hal_backend.name}: collectives need 2 devices, {hal_backend.device_count()} visible")
     t0 = time.monotonic()

@@ -1,4 +1,7 @@
-"""Shared CLI plumbing: one-line errors with documented exit codes, never a traceback.
+"""Command-line plumbing shared by every HAL command (``hal``, ``hal-audit``, ``python -m hal.models.run``,
+the precision and profiling mains): one-line errors with documented exit codes, never a traceback.
+
+It lives in the core so that models and the suite share it without importing the CLI package.
 
 :func:`run_cli` parses, runs the handler and maps failures: :class:`CliError` and argparse usage
 errors exit 2 with one line on stderr (parsers built with :class:`Parser` report a usage error as

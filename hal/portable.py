@@ -1,6 +1,7 @@
 """Device-neutral stand-ins for CUDA calls: what ``hal-audit --fix-to hal`` rewrites code to.
 
-A patched program does ``import hal.conformance.migration.portable as hal_portable`` and calls
+A stable, documented part of the core that migrated production code may depend on (it imports
+nothing from the audit suite). A patched program does ``import hal.portable as hal_portable`` and calls
 these instead of ``torch.cuda.*``; each call goes to the backend :func:`hal.get_backend` selects
 (``$HAL_BACKEND`` or the best available one), so the same program runs on CUDA, MLU or the CPU.
 
@@ -74,12 +75,7 @@ def profiler_activity() -> Any:
 
 def env_name(cuda_name: str) -> str:
     """The backend's name for CUDA/NCCL environment variable ``cuda_name`` (itself when unmapped)."""
-    from hal.conformance.migration.rules import RulesError, load_rules
-    try:
-        mapped = load_rules(backend().name).env.get(cuda_name)
-    except RulesError:
-        mapped = None
-    return mapped or cuda_name
+    return type(backend()).env_map().get(cuda_name) or cuda_name
 
 
 def device_module() -> Any:
@@ -140,7 +136,11 @@ def memory_reserved(device: Any = None) -> int:
     return backend().memory_stats(device).reserved
 
 
-max_memory_reserved = memory_reserved
+def max_memory_reserved(device: Any = None) -> int:
+    """The highest reservation since the last reset where the backend tracks it
+    (``MemoryStats.peak_reserved``); otherwise the current reservation, a lower bound of that peak."""
+    stats = backend().memory_stats(device)
+    return stats.reserved if stats.peak_reserved is None else stats.peak_reserved
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
