@@ -104,7 +104,9 @@ def cases(tmp: Path, create: bool = True) -> list[dict]:
          "env": {"HAL_TEST_PIDFILE": pidfile}, "pidfile": pidfile},
         {"name": "exhausts memory (--memory-limit 1200)", "kind": "fault",
          "args": [str(HB / "memory_hog.py"), "--device", "cpu", "--memory-limit", "1200"], "exit": 3,
-         "status": "error"},
+         # a MemoryError inside the program (error); with a CUDA torch on a GPU host, the CUDA runtime's own
+         # start-up under that limit can kill the process instead (crashed: seen on the H200, 2026-12-01)
+         "status": ("error", "crashed")},
         {"name": "prints megabytes", "kind": "fault", "args": [f["noisy_megabytes.py"], *mlu], "exit": 0,
          "status": "ok", "max_stdout": 20000},
         {"name": "--static-only never executes", "kind": "fault",
@@ -280,8 +282,10 @@ def run_case(case: dict, tmp: Path) -> dict:
         else:
             doc = json.loads(report.read_text())
             res["run_status"] = doc["run"]["status"]
-            if case.get("status") and doc["run"]["status"] != case["status"]:
-                prob.append(f"run.status {doc['run']['status']}, expected {case['status']}")
+            allowed = case.get("status")
+            allowed = (allowed,) if isinstance(allowed, str) else allowed
+            if allowed and doc["run"]["status"] not in allowed:
+                prob.append(f"run.status {doc['run']['status']}, expected {' or '.join(allowed)}")
             missing = sorted(set(case.get("ops", ())) - {o["op"] for o in doc.get("ops") or []})
             if missing:
                 prob.append(f"captured ops lost: {', '.join(missing)}")

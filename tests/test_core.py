@@ -45,8 +45,13 @@ def test_every_backend_imports_without_its_sdk_and_implements_the_interface(name
             assert cls.name and cls.device_type and cls.dist_backend
             avail = cls.probe()
             assert isinstance(avail, hal.Availability) and avail.reason
-            if name in ("cuda", "mlu"):
+            if name == "mlu":  # torch_mlu is the SDK that makes the MLU available
                 assert not avail.available
+            if name == "cuda":  # torch.cuda decides; CuPy and Triton are extras, named unavailable
+                assert avail.available == torch.cuda.is_available(), avail.reason
+                if avail.available:
+                    assert "cupy_pool_interop: unavailable" in avail.reason
+                    assert "triton_kernels: unavailable" in avail.reason
     finally:
         for k, v in saved.items():
             if v is None:
