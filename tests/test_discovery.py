@@ -185,7 +185,8 @@ def _run(args, env, timeout=180):
 
 def test_hostile_plugins_listed_unavailable_with_reasons_json_stays_valid(hostile_site, tmp_path):
     log = tmp_path / "imports.log"
-    env = _hostile_env(hostile_site, HAL_TEST_IMPORT_LOG=str(log))
+    # a probe cache of its own: other tests of this module share the site (and would fill its cache)
+    env = _hostile_env(hostile_site, HAL_TEST_IMPORT_LOG=str(log), XDG_CACHE_HOME=str(tmp_path / "cache"))
     hal_bin = Path(sys.executable).parent / "hal"
     r = _run([str(hal_bin), "backends", "--format", "json"], env)
     assert r.returncode == 0, r.stderr
