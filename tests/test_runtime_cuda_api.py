@@ -166,3 +166,25 @@ def test_mp_spawn_ranks_run_with_the_redirect_and_nccl_bound_at_import():
                       "steps": None, "timeout": 180, "out": None})
     assert s["run"]["status"] == "ok", s["run"]
     assert s["run"]["output_tail"][-2:] == ["rank 0 trained", "spawn done"]
+
+
+def test_function_stand_ins_look_like_the_originals():
+    """torch introspects some torch.cuda functions: torch 2.14's dynamo reads
+    ``torch.cuda.use_mem_pool.__wrapped__`` on first import (which broke every torchvision program under
+    the audit). Each function stand-in carries its original's name, docstring and ``__wrapped__``."""
+    import inspect
+
+    from hal.conformance.runtime.redirect import DeviceRedirect
+    originals = {n: getattr(torch.cuda, n) for n in dir(torch.cuda) if inspect.isfunction(getattr(torch.cuda, n))}
+    r = DeviceRedirect("cpu")
+    r.install()
+    try:
+        replaced = {n: getattr(torch.cuda, n) for n in originals if getattr(torch.cuda, n) is not originals[n]}
+        functions = {n: f for n, f in replaced.items() if inspect.isfunction(f)}
+        assert "synchronize" in functions and "manual_seed_all" in functions
+        for name, fn in functions.items():
+            assert fn.__name__ == originals[name].__name__, name
+            assert fn.__wrapped__ is originals[name], name  # what dynamo follows
+    finally:
+        r.remove()
+    assert all(getattr(torch.cuda, n) is f for n, f in originals.items())

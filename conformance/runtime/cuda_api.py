@@ -23,6 +23,8 @@ calling ``torch.cuda.manual_seed_all``).
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 from typing import Any, Callable
 
@@ -370,6 +372,10 @@ def install(redirect: Any) -> dict[str, Any]:
             continue
         original = getattr(cuda, name)
         value = STAND_INS[name](redirect, name)
+        if inspect.isfunction(value) and callable(original):
+            # torch's own code introspects some of these (torch 2.14's dynamo reads
+            # torch.cuda.use_mem_pool.__wrapped__ when it is first imported): look like the original
+            functools.update_wrapper(value, original)
         if name == "Event":
             _EVENT[0] = value
         elif name == "Stream":
