@@ -113,13 +113,6 @@ class TorchDeviceBackend(Backend):
     def _mod(self) -> Any:
         return self.module()
 
-    def _index(self, device: Any) -> int:
-        if device is None:
-            return self.current_device()
-        if isinstance(device, torch.device):
-            return device.index if device.index is not None else self.current_device()
-        return int(device)
-
     # ---- devices ----------------------------------------------------------------------------------
     def device_count(self) -> int:
         return int(self._mod.device_count())
