@@ -119,8 +119,9 @@ def test_unknown_device_and_bad_rules(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text(yaml.safe_dump({"schema": "hal-migration-rules/1", "device_type": "x",
                                    "rules": {"no-such-rule": {"severity": "error"}}}))
-    with pytest.raises(RulesError, match="unknown rule id"):
+    with pytest.raises(RulesError, match=r"r\.yaml: .*\$\.rules\['no-such-rule'\]: unknown rule id 'no-such-rule'$") as exc:
         load_rules("x", str(bad))
+    assert exc.value.path == ("rules", "no-such-rule")
 
 
 def test_bad_inputs(tmp_path):

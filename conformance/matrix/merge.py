@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from hal.conformance.matrix.schema import SCHEMA, Cell, document
+from hal.conformance.matrix.schema import SCHEMA, Cell, check, document
 
 
 def check_schema(doc: dict, where: str) -> dict:
+    """``doc`` when it is a valid ``hal-compat-matrix/1`` document, else ValueError naming ``where`` and
+    the first problem's JSON path (:class:`hal.schemas.SchemaError`)."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"{where} is not a {SCHEMA} document (schema: {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__})")
-    return doc
+    return check(doc, where)
 
 
 def merge(docs: Iterable[tuple[str, dict]]) -> dict:

@@ -68,3 +68,17 @@ def document(cells: list[Cell], collectives: list[dict], environments: list[dict
     if extra:
         doc.update(extra)
     return doc
+
+
+def validate(doc: Any) -> list[str]:
+    """Every way ``doc`` breaks the published schema ``hal-compat-matrix/1`` (``hal schema
+    hal-compat-matrix/1``), one line each naming the exact JSON path; empty when it conforms."""
+    from hal import schemas
+    return [str(p) for p in schemas.problems(SCHEMA, doc)]
+
+
+def check(doc: Any, source: Optional[str] = None) -> dict:
+    """``doc`` unchanged when it is a valid ``hal-compat-matrix/1`` document, else raise
+    :class:`hal.schemas.SchemaError` (a ValueError; one line: ``source``, the JSON path, the problem)."""
+    from hal import schemas
+    return schemas.check(SCHEMA, doc, source)

@@ -7,7 +7,10 @@ the backend plugin next to its module (``Backend.data_file(Backend.migration_rul
 new chip brings its own rules. ``--fix-to hal`` rewrites come from the generic ``hal_map.yaml``
 beside this module.
 
-:func:`load_rules` raises :class:`RulesError` for an unknown backend or a malformed file.
+:func:`load_rules` raises :class:`RulesError` for an unknown backend or a malformed file: the file is
+validated against the published schema ``hal-migration-rules/1`` (``hal schema hal-migration-rules/1``;
+``hal_map.yaml`` against ``hal-migration-map/1``) and the message names the file and the exact path of
+the first problem (``$.rules['device-string'].severity: 'fatal' is not one of [...]``).
 Loaded rule sets are immutable and cached per process (thread-safe to share).
 """
 from __future__ import annotations
@@ -54,7 +57,26 @@ CATALOGUE: dict[str, str] = {
 
 
 class RulesError(ValueError):
-    """The backend is unknown or its migration rules are missing or malformed."""
+    """The backend is unknown or its migration rules are missing or malformed. ``path``: the document
+    path of the (first) schema problem as a tuple of keys and indexes (empty when none applies)."""
+
+    def __init__(self, message: str, path: tuple = ()):
+        super().__init__(message)
+        self.path = path
+
+
+MAP_SCHEMA = "hal-migration-map/1"
+
+
+def check_rules(data: Any, source: str, schema: str = SCHEMA) -> dict:
+    """``data`` (parsed YAML) when it is a valid ``schema`` document, else :class:`RulesError`."""
+    from hal import schemas
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise RulesError(f"{source}: not a {schema} file", ("schema",))
+    try:
+        return schemas.check(schema, data, source)
+    except schemas.SchemaError as exc:
+        raise RulesError(str(exc), exc.path) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,16 +166,11 @@ def load_rules(backend: str, path: Optional[str] = None) -> RuleSet:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise RulesError(f"cannot read migration rules {p}: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise RulesError(f"{p}: not a {SCHEMA} file")
+    check_rules(data, str(p))
     rules = {}
     for rid, spec in (data.get("rules") or {}).items():
-        if rid not in CATALOGUE:
-            raise RulesError(f"{p}: unknown rule id {rid!r}")
         sev = spec.get("severity", "off")
         sev = "off" if sev is False else sev  # YAML 1.1 reads a bare off as false
-        if sev not in SEVERITIES + ("off",):
-            raise RulesError(f"{p}: rule {rid}: bad severity {sev!r}")
         rules[rid] = Rule(rid, sev, spec.get("message", CATALOGUE[rid]), spec.get("message_none", ""))
     return RuleSet(
         backend=data.get("backend", backend), device_type=data["device_type"],
@@ -188,4 +205,4 @@ def _symbols(rules_path: pathlib.Path, name: Optional[str]) -> frozenset:
 def hal_map() -> Mapping[str, Optional[str]]:
     """The generic ``--fix-to hal`` map: CUDA qualified name -> expression on ``hal_portable``."""
     p = pathlib.Path(__file__).with_name("hal_map.yaml")
-    return dict(yaml.safe_load(p.read_text(encoding="utf-8"))["api"])
+    return dict(check_rules(yaml.safe_load(p.read_text(encoding="utf-8")), str(p), MAP_SCHEMA)["api"])

@@ -83,14 +83,17 @@ class Finding:
         return " ; ".join(e.text for e in edits if e.text) if edits else None
 
     def as_dict(self, flavour: str = "device") -> dict:
-        """The audit.json entry; for a notebook ``line`` is the line in ``cell`` (as the run reports it)."""
+        """The audit.json entry; for a notebook ``line`` is the line in ``cell`` (as the run reports it).
+        ``edits``: flavour -> the exact edits of its fix (:class:`Edit` fields; lines of the joined module
+        for a notebook), absent for a flavour with no automatic fix."""
         where = {} if self.cell is None else {"cell": self.cell, "module_line": self.line}
         return {"rule": self.rule, "path": self.path, "column": self.column, **where,
                 "line": self.line if self.cell is None else self.cell_line,
                 "end_line": self.end_line, "end_column": self.end_column, "severity": self.severity,
                 "message": self.message, "found": self.found, "counterpart": self.counterpart,
                 "fix": self.fix_text(flavour),
-                "fixes": {f: self.fix_text(f) for f in ("device", "hal")}}
+                "fixes": {f: self.fix_text(f) for f in ("device", "hal")},
+                "edits": {f: [dataclasses.asdict(e) for e in es] for f, es in self.edits.items() if es}}
 
 
 @dataclasses.dataclass

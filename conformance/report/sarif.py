@@ -1,13 +1,28 @@
 """SARIF 2.1.0 for code scanning: one run, the rule catalogue as ``tool.driver.rules``.
 
 Result locations use ``artifactLocation.uri`` relative to the audited root (``uriBaseId``
-``SRCROOT``) with 1-based ``startLine``/``startColumn``. Severity maps error->error,
-warning->warning, info->note. Message texts go through
+``SRCROOT``) with 1-based ``startLine``/``startColumn`` (``columnKind`` unicodeCodePoints). Severity
+maps error->error, warning->warning, info->note. Message texts go through
 :func:`hal.conformance.report.escape.sarif_text` (control characters visible, ``[``/``]`` escaped so
-no embedded link forms). Pure function; thread-safe.
+no embedded link forms).
+
+Fixes: a finding with exact edits (audit.json ``findings[].edits``, one list per ``--fix-to``
+flavour) gets one SARIF ``fix`` per flavour, the chosen flavour (``findings[].fix``'s) first; each
+edit is a ``replacement`` whose ``deletedRegion`` is the edit's span (0-based edit columns become
+1-based SARIF columns; an empty region is an insertion) and whose ``insertedContent`` is the new
+text. Notebook findings (``cell`` set) get no fix: their edits address the joined cells, not the
+``.ipynb`` file. A device fix does not repeat the file-level ``import`` the patch adds once per file
+(its description says so; ``migration.patch`` has it).
+
+``partialFingerprints["halFinding/v1"]``: a hash of (rule, path, the flagged text, its occurrence
+number among identical triples), with no line number, so a finding keeps its identity when lines
+move. ``rules[].helpUri``: the rule's entry in docs/audit-rules.md under :data:`DOCS_URL` (the
+project's Documentation URL in pyproject.toml). Pure function; thread-safe.
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import pathlib
 import urllib.parse
 from typing import Mapping, Optional
@@ -16,6 +31,16 @@ from hal.conformance.report.escape import sarif_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+#: where docs/ is published (pyproject.toml's [project.urls] Documentation; a test keeps them equal)
+DOCS_URL = "https://github.com/hal-portability/hal/blob/main/docs"
+FINGERPRINT = "halFinding/v1"
+FLAVOUR_TEXT = {"device": "rewrite for the target device", "hal": "rewrite to device-neutral hal_portable calls"}
+
+
+def help_uri(rule: str) -> str:
+    """The documentation of ``rule``: docs/audit-rules.md (runtime rules: docs/runtime-audit.md)."""
+    page = "runtime-audit.md" if rule.startswith("runtime-") else "audit-rules.md#rules"
+    return f"{DOCS_URL}/{page}"
 
 
 def _artifact(path: str) -> dict:
@@ -23,6 +48,40 @@ def _artifact(path: str) -> dict:
     if path.startswith("/") or (len(path) > 2 and path[1] == ":"):
         return {"uri": pathlib.Path(path).as_uri()}
     return {"uri": urllib.parse.quote(path), "uriBaseId": "SRCROOT"}
+
+
+def _replacement(edit: dict) -> dict:
+    return {"deletedRegion": {"startLine": int(edit["line"]), "startColumn": int(edit["col"]) + 1,
+                              "endLine": int(edit["end_line"]), "endColumn": int(edit["end_col"]) + 1},
+            "insertedContent": {"text": str(edit["text"])}}
+
+
+def fixes(finding: dict, chosen: Optional[str] = None) -> list[dict]:
+    """SARIF ``fix`` objects for ``finding``'s exact edits (see the module docstring); [] when it has none."""
+    edits = finding.get("edits") or {}
+    if not isinstance(edits, dict) or finding.get("cell") is not None:
+        return []
+    order = sorted(edits, key=lambda fl: (fl != chosen, fl))
+    out = []
+    for flavour in order:
+        spans = edits.get(flavour) or []
+        if not spans:
+            continue
+        text = FLAVOUR_TEXT.get(flavour, f"--fix-to {flavour}")
+        if flavour == "device":
+            text += " (migration.patch also adds the target's import once per file)"
+        out.append({"description": {"text": sarif_text(f"--fix-to {flavour}: {text}")},
+                    "artifactChanges": [{"artifactLocation": _artifact(str(finding.get("path", ""))),
+                                         "replacements": [_replacement(e) for e in spans]}]})
+    return out
+
+
+def _chosen_flavour(finding: dict) -> Optional[str]:
+    """The flavour whose text is ``finding["fix"]`` (the run's ``--fix-to``), when it can be told."""
+    for flavour, text in (finding.get("fixes") or {}).items():
+        if text is not None and text == finding.get("fix"):
+            return flavour
+    return None
 
 
 def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = None,
@@ -36,21 +95,31 @@ def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = N
     rules = [{"id": rid, "name": rid.replace("-", " ").title().replace(" ", ""),
               "shortDescription": {"text": catalogue.get(rid, rid)},
               "defaultConfiguration": {"level": default_level.get(rid, "warning")},
+              "helpUri": help_uri(rid),
               "help": {"text": f"See docs/audit-rules.md, rule {rid}."}} for rid in used]
     results = []
+    seen: collections.Counter = collections.Counter()
     for f in findings:
         region = {"startLine": max(1, int(f.get("line") or 1)), "startColumn": max(1, int(f.get("column") or 1))}
         if f.get("end_line"):
-            region["endLine"] = int(f["end_line"])
+            region["endLine"] = max(region["startLine"], int(f["end_line"]))
             region["endColumn"] = max(1, int(f.get("end_column") or 1))
+        key = (f["rule"], str(f.get("path", "")), str(f.get("found", f.get("message", ""))))
+        seen[key] += 1
+        digest = hashlib.sha256("\0".join((*key, str(seen[key]))).encode("utf-8", "surrogatepass")).hexdigest()
         res = {"ruleId": f["rule"], "ruleIndex": index[f["rule"]], "level": LEVELS.get(f.get("severity"), "note"),
                "message": {"text": sarif_text(f.get("message") or f["rule"])},
                "locations": [{"physicalLocation": {"artifactLocation": _artifact(str(f.get("path", ""))),
-                                                    "region": region}}]}
+                                                    "region": region}}],
+               "partialFingerprints": {FINGERPRINT: digest[:32]}}
+        fx = fixes(f, _chosen_flavour(f))
+        if fx:
+            res["fixes"] = fx
         if f.get("fix"):
             res["properties"] = {"fix": f["fix"]}
         results.append(res)
-    run = {"tool": {"driver": {"name": "hal-audit", "version": tool_version, "rules": rules}},
+    run = {"tool": {"driver": {"name": "hal-audit", "version": tool_version, "informationUri": DOCS_URL + "/audit-rules.md",
+                               "rules": rules}},
            "results": results, "columnKind": "unicodeCodePoints",
            "properties": {"target": report.get("target")}}
     if root:

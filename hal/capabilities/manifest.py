@@ -8,7 +8,9 @@ the CPU's is read from the live dispatcher of the installed torch when no file i
 
 ``predicted`` is True when nothing in the manifest was measured on the device (always so for MLU).
 :func:`load_manifest` caches per backend name; Manifest objects are read-only and thread-safe.
-Raises FileNotFoundError (no manifest for that backend) or ValueError (wrong schema).
+Raises FileNotFoundError (no manifest for that backend) or ValueError: :class:`ManifestError` (not
+JSON, or not a valid ``hal-capabilities/1`` document: the message names the file and the exact JSON
+path of the first problem, e.g. ``$.native.aten[3]``; ``hal schema hal-capabilities/1`` prints the schema).
 """
 from __future__ import annotations
 
@@ -20,6 +22,27 @@ import pathlib
 from typing import Any, Mapping, Optional
 
 from hal.capabilities.live import SCHEMA, build_live
+
+
+class ManifestError(ValueError):
+    """A manifest file is not JSON or breaks the ``hal-capabilities/1`` schema. ``path`` is the JSON path
+    of the (first) problem as a tuple of keys and indexes (empty for a file that does not parse)."""
+
+    def __init__(self, message: str, path: tuple = ()):
+        super().__init__(message)
+        self.path = path
+
+
+def check_manifest(data: Any, source: str = "manifest") -> dict:
+    """``data`` when it is a valid ``hal-capabilities/1`` manifest, else :class:`ManifestError`."""
+    from hal import schemas
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ManifestError(f"{source}: schema {got!r}, expected {SCHEMA!r}", ("schema",))
+    try:
+        return schemas.check(SCHEMA, data, source)
+    except schemas.SchemaError as exc:
+        raise ManifestError(str(exc), exc.path) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +125,9 @@ def load_manifest(backend: str, path: Optional[str] = None) -> Manifest:
         if backend == "cpu":
             return Manifest("cpu", build_live("cpu", "CPU", "hal.capabilities.live.build_live (live, not written)"), None)
         raise FileNotFoundError(f"no capability manifest for backend {backend!r}")
-    data = json.loads(p.read_text(encoding="utf-8"))
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"{p}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ManifestError(f"{p}: not JSON: {exc}") from None
+    check_manifest(data, str(p))
     return Manifest(str(data.get("backend", backend)), data, str(p))

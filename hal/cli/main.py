@@ -1,4 +1,4 @@
-"""The ``hal`` command: ``hal backends``, ``hal collectives`` (more subcommands register here).
+"""The ``hal`` command: ``hal backends``, ``hal collectives``, ``hal schema`` (more subcommands register here).
 
 Exit codes: 0 success; 1 a check ran and failed (``hal collectives``); 2 bad input or usage (one
 ``hal: error: ...`` line on stderr, never a usage block); 4 internal error (one line); 130
@@ -105,6 +105,27 @@ def cmd_collectives(args: argparse.Namespace) -> int:
                        for r in rows], headers=["collective", "dtype", "op", "status", "max_error", "ms", "detail"]))
         emit(f"{len(rows) - len(failed)} passed, {len(failed)} failed on {args.device} x{args.world_size}")
     return 1 if failed else 0
+
+
+def _cfg_schema(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="a schema name such as hal-audit/1 (default: list the names)")
+
+
+@subcommand("schema", "list the published JSON Schemas, or print one (hal schema hal-audit/1)")(_cfg_schema)
+def cmd_schema(args: argparse.Namespace) -> int:
+    """No NAME: one line per shipped schema (name, title). NAME: the schema's JSON text as shipped.
+    An unknown NAME is bad input (exit 2, one line naming the known ones)."""
+    from hal import schemas
+    if args.name is None:
+        rows = [[n, json.loads(schemas.text(n)).get("title", "").split(": ", 1)[-1]] for n in schemas.names()]
+        emit(tabulate(rows, headers=["schema", "what"]))
+        return 0
+    try:
+        emit(schemas.text(args.name).rstrip("\n"))
+    except schemas.UnknownSchemaError as exc:
+        raise CliError(str(exc)) from None
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
