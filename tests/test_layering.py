@@ -3,7 +3,7 @@
 Layers, lowest first: the core (``hal`` minus ``hal.cli``), ``hal.backends`` (plugins),
 ``hal.models``, ``hal.conformance`` (the audits), ``hal.cli``. A module may import its own layer and
 the ones below, never one above; lazy (function-level) imports count, since they are how cycles hide.
-Imports are read with ``ast`` from the source folders (the installed names follow setup.py's ROOTS);
+Imports are read with ``ast`` from the source folders (the installed names follow pyproject.toml's package-dir);
 a string constant that is exactly one of our module names counts as a (dynamic) import, unless it
 is the value assigned to a name (``NAMESPACE = "hal.backends"`` is an entry-point group, not an import).
 
