@@ -303,3 +303,18 @@ def test_unknown_schema_name_is_a_typed_error():
         schemas.load("../x")
     with pytest.raises(schemas.UnknownSchemaError):
         schemas.problems("hal-audit", {})
+
+
+def test_fidelity_schema_takes_the_shape_issue_19_gives():
+    doc = {"schema": "hal-fidelity/1", "environment": {"python": "3.11", "torch": "2.13.0"},
+           "programs": [{"name": f"p{i}", "op_agreement": 0.9, "status_agreement": 1.0,
+                         "only_predicted": ["aten::mm"], "only_measured": [],
+                         "status_mismatches": [{"op": "aten::mm", "predicted": "native", "measured": "fallback"}]}
+                        for i in range(12)],
+           "summary": {"programs": 12, "op_agreement": 0.9, "status_agreement": 1.0}}
+    assert schemas.problems("hal-fidelity/1", doc) == []
+    doc["programs"][10]["op_agreement"] = 2
+    doc["programs"][3]["only_measured"] = "aten::mm"
+    assert [str(p) for p in schemas.problems("hal-fidelity/1", doc)] == [  # document order, not string order
+        "$.programs[3].only_measured: \"aten::mm\" is not of type 'array'",
+        "$.programs[10].op_agreement: 2 is greater than the maximum of 1"]

@@ -190,7 +190,8 @@ def problems(name: str, document: Any) -> list[Problem]:
         if _is_key_error(err):  # name the offending key itself
             path = path + (err.instance,)
         out.append(Problem(path, _message(err)))
-    return sorted(set(out), key=lambda p: (tuple(str(x) for x in p.path), p.message))
+    return sorted(set(out), key=lambda p: (tuple((0, x, "") if isinstance(x, int) else (1, 0, str(x))
+                                                 for x in p.path), p.message))
 
 
 def check(name: str, document: Any, source: Optional[str] = None) -> Any:
