@@ -187,7 +187,7 @@ def _run_line(report: dict) -> str:
     run = report.get("run") or {}
     status = run.get("status")
     if status == "skipped":
-        return f"not run ({run.get('reason') or run.get('error') or 'static audit only'})"
+        return f"skipped ({run.get('reason') or run.get('error') or 'static audit only'})"
     bits = [str(status)]
     if run.get("steps") is not None:
         bits.append(f"{run['steps']} steps")

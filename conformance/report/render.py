@@ -318,6 +318,28 @@ def md_fence(lines: Any, lang: str = "") -> Markup:
     return Markup("\n".join([fence + lang, *body, fence]))
 
 
+_MD_UNSAFE_IN_CODE = re.compile(r"`|<\S|\]\(|!\[|&")
+
+
+def md_command(text: Any) -> Markup:
+    """A shell command as a fenced ``sh`` block (copied as it is) when it holds nothing a naive
+    Markdown viewer could take for markup (a backtick, ``<`` before a non-space, ``](``, ``![``,
+    ``&``); else escaped text, which renders as the exact command."""
+    s = escape.printable(text)
+    if _MD_UNSAFE_IN_CODE.search(s.replace(" && ", " ; ")):
+        return Markup(md_escape(s))
+    return md_fence([s], "sh")
+
+
+def md_lines(lines: Any) -> Markup:
+    """Program output: a fenced block when no line holds anything a naive viewer could take for
+    markup (see :func:`md_command`), else every line escaped, joined by hard line breaks."""
+    body = [escape.printable(x) for x in (lines if isinstance(lines, (list, tuple)) else [lines])]
+    if any(_MD_UNSAFE_IN_CODE.search(x) for x in body):
+        return Markup("  \n".join(md_escape(x) for x in body))
+    return md_fence(body)
+
+
 def _md_finalize(value: Any) -> Any:
     return value if isinstance(value, Markup) else Markup(md_escape(value))
 
@@ -334,7 +356,7 @@ def _env(fmt: str) -> jinja2.Environment:
                              finalize=_html_finalize if fmt == "html" else _md_finalize,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(md_code=md_code, md_fence=md_fence, human_bytes=digest.human_bytes, scalar=_scalar,
+    env.filters.update(md_code=md_code, md_fence=md_fence, md_command=md_command, md_lines=md_lines, human_bytes=digest.human_bytes, scalar=_scalar,
                        printable=escape.printable, anchor=_anchor, loc=_loc, num=_num, j=_join, svg=_svg)
     env.globals.update(SORT_JS=Markup(SORT_JS), CSP=Markup(CSP), CSS=Markup(CSS), sev_rank=digest._sev_rank,
                        status_rank=digest.STATUS_ORDER.index)
@@ -415,7 +437,7 @@ CSS = ("*{box-sizing:border-box}body{font:14px/1.45 system-ui,sans-serif;margin:
        ".st-composite{color:#357}.where{white-space:nowrap}.conf{display:inline-block;background:#e6f4ea;"
        "color:#185c2f;border-radius:3px;padding:0 .4em;margin:.2em 0;font-size:.92em}"
        ".rt{display:inline-block;background:#e8eefc;color:#1d3f8a;border-radius:3px;padding:0 .4em;font-size:.92em}"
-       "td.src pre{margin:0;border:0;background:none;padding:0}.ln{color:#999;user-select:none}"
+       "table.findings td:last-child{min-width:16em;word-break:break-word}td.src pre{margin:0;border:0;background:none;padding:0}.ln{color:#999;user-select:none}"
        "details{margin:.4em 0}summary{cursor:pointer}summary h2{display:inline;border:0}"
        "nav{margin:.8em 0;color:#555}nav a{margin-right:1em}.muted{color:#666}")
 
