@@ -128,7 +128,7 @@ def test_dynamic_part_skipped_when_runtime_missing(tmp_path, monkeypatch, capsys
 def test_dynamic_request_and_exit_codes(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_dynamic(request):
+    def fake_dynamic(request, progress=None):
         seen.update(request)
         return {"run": {"status": "error", "steps": 1, "seconds": 0.1, "error": "RuntimeError: boom"},
                 "ops": [{"op": "aten::nanmedian", "count": 2, "dtypes": ["float32"], "status": "fallback",

@@ -41,18 +41,19 @@ class ReportError(HalError):
 
 def render(report: dict, fmt: str, catalogue: Optional[Mapping[str, str]] = None, root: Optional[str] = None,
            written: Optional[dict] = None) -> str:
-    """``report`` as ``fmt`` (text, md, json, html, sarif)."""
+    """``report`` as ``fmt`` (text, md, json, html, sarif). ``root``: the audited folder or file
+    (SARIF's source root; source snippets in text, md and html)."""
     if fmt == "json":
         return json.dumps(report, indent=2, default=str, ensure_ascii=False)
     if fmt == "md":
-        return to_markdown(report)
+        return to_markdown(report, root)
     if fmt == "html":
-        return to_html(report)
+        return to_html(report, root)
     if fmt == "sarif":
         import hal
         return json.dumps(to_sarif(report, catalogue or {}, root, hal.__version__), indent=2, ensure_ascii=False)
     if fmt == "text":
-        return to_text(report, written)
+        return to_text(report, written, root=root)
     raise ValueError(f"unknown report format {fmt!r}")
 
 

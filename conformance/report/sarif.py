@@ -16,8 +16,10 @@ text. Notebook findings (``cell`` set) get no fix: their edits address the joine
 
 ``partialFingerprints["halFinding/v1"]``: a hash of (rule, path, the flagged text, its occurrence
 number among identical triples), with no line number, so a finding keeps its identity when lines
-move. ``rules[].helpUri``: the rule's entry in docs/audit-rules.md under :data:`DOCS_URL` (the
-project's Documentation URL in pyproject.toml). Pure function; thread-safe.
+move. ``rules[].helpUri`` and ``informationUri``: the rule's page under the docs URL -- the
+``docs_url`` argument, else the installed distribution's ``Documentation`` project URL; the project
+has no published home yet, so by default there is none and these keys are left out rather than
+pointing at an address that does not exist. Pure function; thread-safe.
 """
 from __future__ import annotations
 
@@ -31,16 +33,28 @@ from hal.conformance.report.escape import sarif_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
-#: where docs/ is published (pyproject.toml's [project.urls] Documentation; a test keeps them equal)
-DOCS_URL = "https://github.com/hal-portability/hal/blob/main/docs"
 FINGERPRINT = "halFinding/v1"
 FLAVOUR_TEXT = {"device": "rewrite for the target device", "hal": "rewrite to device-neutral hal_portable calls"}
 
 
-def help_uri(rule: str) -> str:
-    """The documentation of ``rule``: docs/audit-rules.md (runtime rules: docs/runtime-audit.md)."""
+def published_docs_url() -> Optional[str]:
+    """The ``Documentation`` project URL of the installed hal-portability distribution, or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, metadata
+        urls = metadata("hal-portability").get_all("Project-URL") or []
+    except (ImportError, PackageNotFoundError):
+        return None
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "documentation" and url.strip():
+            return url.strip().rstrip("/")
+    return None
+
+
+def help_uri(rule: str, docs_url: str) -> str:
+    """The documentation of ``rule`` under ``docs_url``: audit-rules.md (runtime rules: runtime-audit.md)."""
     page = "runtime-audit.md" if rule.startswith("runtime-") else "audit-rules.md#rules"
-    return f"{DOCS_URL}/{page}"
+    return f"{docs_url.rstrip('/')}/{page}"
 
 
 def _artifact(path: str) -> dict:
@@ -85,8 +99,9 @@ def _chosen_flavour(finding: dict) -> Optional[str]:
 
 
 def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = None,
-             tool_version: str = "0") -> dict:
+             tool_version: str = "0", docs_url: Optional[str] = None) -> dict:
     findings = report.get("findings") or []
+    docs_url = docs_url or published_docs_url()
     used = sorted({f["rule"] for f in findings} | set(catalogue))
     index = {rid: i for i, rid in enumerate(used)}
     default_level = {}
@@ -95,7 +110,7 @@ def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = N
     rules = [{"id": rid, "name": rid.replace("-", " ").title().replace(" ", ""),
               "shortDescription": {"text": catalogue.get(rid, rid)},
               "defaultConfiguration": {"level": default_level.get(rid, "warning")},
-              "helpUri": help_uri(rid),
+              **({"helpUri": help_uri(rid, docs_url)} if docs_url else {}),
               "help": {"text": f"See docs/audit-rules.md, rule {rid}."}} for rid in used]
     results = []
     seen: collections.Counter = collections.Counter()
@@ -118,8 +133,10 @@ def to_sarif(report: dict, catalogue: Mapping[str, str], root: Optional[str] = N
         if f.get("fix"):
             res["properties"] = {"fix": f["fix"]}
         results.append(res)
-    run = {"tool": {"driver": {"name": "hal-audit", "version": tool_version, "informationUri": DOCS_URL + "/audit-rules.md",
-                               "rules": rules}},
+    driver = {"name": "hal-audit", "version": tool_version, "rules": rules}
+    if docs_url:
+        driver["informationUri"] = docs_url.rstrip("/") + "/audit-rules.md"
+    run = {"tool": {"driver": driver},
            "results": results, "columnKind": "unicodeCodePoints",
            "properties": {"target": report.get("target")}}
     if root:

@@ -14,6 +14,12 @@ place this function writes: the child's spec and result live in a folder of thei
 unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
 config, default ``tiny``).
 
+``progress`` (optional) is called as ``progress(phase, **counts)``: ``"run"`` when the child starts
+and then with ``steps`` and ``ops`` (distinct ops seen) as the child reports them (it writes a small
+progress file in its working folder about twice a second; the parent polls it), ``"capture"`` when
+the run ended and its records are read, ``"predict"`` while op statuses are looked up. A raising
+callback is ignored (progress never fails an audit).
+
 Returns ``{"run", "ops", "findings", "target", "precision", "profile"}`` (see DESIGN's audit.json
 contract). The program always runs in a child process (:mod:`.child`, :mod:`.runner`), so a raise,
 hang, ``os._exit`` or crash shows up as ``run.status`` (error | timeout | crashed) with the last
@@ -70,8 +76,23 @@ def _validate(request: dict) -> dict:
     return req
 
 
-def audit_target(request: dict) -> dict:
+PROGRESS_POLL_S = 0.25
+
+
+def _safe(progress):
+    """``progress`` wrapped so that it never raises (None: a no-op)."""
+    def call(phase: str, **counts) -> None:
+        if progress is not None:
+            try:
+                progress(phase, **counts)
+            except Exception:  # a display problem never fails the audit
+                pass
+    return call
+
+
+def audit_target(request: dict, progress=None) -> dict:
     """Run the audit described by ``request`` (see the module docstring) and return its sections."""
+    progress = _safe(progress)
     req = _validate(request)
     target = target_info(req.get("device") or "cpu")
     if req["kind"] == "onnx":
@@ -84,9 +105,9 @@ def audit_target(request: dict) -> dict:
     out = req.get("out")
     if out:
         os.makedirs(out, exist_ok=True)
-        return _audit_in(req, target, out)
+        return _audit_in(req, target, out, progress)
     with tempfile.TemporaryDirectory(prefix="hal-audit-") as tmp:
-        return _audit_in(req, target, tmp)
+        return _audit_in(req, target, tmp, progress)
 
 
 def _warm_capabilities(device: str) -> None:
@@ -99,18 +120,34 @@ def _warm_capabilities(device: str) -> None:
             pass
 
 
-def _audit_in(req: dict, target: dict, out: str) -> dict:
+def _audit_in(req: dict, target: dict, out: str, progress=None) -> dict:
     # this run's own working folder inside out: concurrent runs never share a file, and files the user
     # keeps in out (even ones named like ours) are never read, replaced or removed
+    progress = progress or _safe(None)
     workdir = tempfile.mkdtemp(prefix=".hal-audit-run-", dir=out)
     try:
-        return _audit_with(req, target, workdir)
+        return _audit_with(req, target, workdir, progress)
     finally:
         if not os.environ.get("HAL_DEBUG"):  # HAL_DEBUG=1 keeps the child's spec and result
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _audit_with(req: dict, target: dict, workdir: str) -> dict:
+def _poll_progress(path: str, progress, stop: threading.Event) -> None:
+    """Pass the child's ``{"steps", "ops"}`` progress file to ``progress("run", ...)`` until ``stop``."""
+    last = None
+    while not stop.wait(PROGRESS_POLL_S):
+        try:
+            with open(path) as f:
+                seen = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(seen, dict) and seen != last:
+            last = seen
+            progress("run", steps=seen.get("steps"), ops=seen.get("ops"))
+
+
+def _audit_with(req: dict, target: dict, workdir: str, progress=None) -> dict:
+    progress = progress or _safe(None)
     run_device = target["device_type"] if target["available"] else "cpu"
     spec_path = os.path.join(workdir, "runtime-child-spec.json")
     result_path = os.path.join(workdir, "runtime-child-result.json")
@@ -123,7 +160,8 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
             "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
             "threads": req.get("threads"), "config": req.get("config"),
-            "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd()}
+            "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd(),
+            "progress_path": os.path.join(workdir, "runtime-child-progress.json")}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -131,7 +169,16 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
     # load the target's capability data while the child runs (the two overlap on a multi-core host)
     warm = threading.Thread(target=_warm_capabilities, args=(target["device"],), daemon=True)
     warm.start()
-    result = run_child(spec_path, result_path, spec["timeout"], env=env)
+    progress("run")
+    stop = threading.Event()
+    poll = threading.Thread(target=_poll_progress, args=(spec["progress_path"], progress, stop), daemon=True)
+    poll.start()
+    try:
+        result = run_child(spec_path, result_path, spec["timeout"], env=env)
+    finally:
+        stop.set()
+        poll.join()
+    progress("capture", steps=(result.get("run") or {}).get("steps"), ops=len({o.get("op") for o in result.get("ops", [])}))
     warm.join()
     run = result["run"]
     run.setdefault("mode", mode)
@@ -144,6 +191,7 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
     else:
         target["reason"] = (f"{target['device']} is not available here ({target['reason']}); the program ran on "
                             f"{run_device} and every op status is predicted from the capability data")
+    progress("predict")
     ops = build_ops(result.get("ops", []), target["device"], run.get("steps") or 1, measured,
                     result.get("hal_fallbacks"))
     findings = result.get("findings", [])

@@ -270,6 +270,32 @@ def _run_model(spec: dict, state: _State) -> None:
     _drive_workload(w, spec, state, built=False)
 
 
+PROGRESS_EVERY_S = 0.5
+
+
+def _start_progress(path: str, limiter: Any, capture: Any) -> None:
+    """A daemon thread that writes ``{"steps", "ops"}`` (ops: distinct ops dispatched so far) to
+    ``path`` (temp file + rename) every :data:`PROGRESS_EVERY_S` while it changes; the parent shows
+    it. It touches no tensor and never raises into the program."""
+    replace, dumps, sleep = os.replace, json.dumps, time.sleep  # bound now: the program may patch them
+
+    def loop() -> None:
+        last = None
+        while True:
+            sleep(PROGRESS_EVERY_S)
+            try:
+                now = (limiter.steps, len(capture.shapes))
+                if now != last:
+                    with open(path + ".tmp", "w") as fh:
+                        fh.write(dumps({"steps": now[0], "ops": now[1]}))
+                    replace(path + ".tmp", path)
+                    last = now
+            except Exception:  # progress is a nicety: never disturb the program
+                return
+
+    threading.Thread(target=loop, name="hal-audit-progress", daemon=True).start()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
@@ -305,6 +331,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     limiter = StepLimiter(spec.get("steps"), capture)
     modules.on_top_level_forward = limiter.before_top_level_forward
     state.capture, state.limiter = capture, limiter
+    if spec.get("progress_path"):
+        _start_progress(spec["progress_path"], limiter, capture)
     if spec.get("redirect_cuda"):
         from hal.conformance.runtime.redirect import DeviceRedirect
         state.redirect = DeviceRedirect(spec["run_device"])

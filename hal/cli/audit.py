@@ -8,6 +8,10 @@ TARGET is a ``.py`` file (static audit of the file, then run as a script unless 
 The run part is :mod:`hal.conformance.runtime` (behind :func:`_run_dynamic`); when it is not
 installed the run is recorded as skipped and the static findings are still written.
 
+Progress goes to stderr while the audit works (phases scan, run, capture, predict, precision,
+profile, write; the steps and ops the run has seen so far) only when stderr is a terminal and
+``--quiet`` is not given (:mod:`hal.cli.progress`); it is cleared before anything is printed.
+
 Reports go through the one writer (:mod:`hal.conformance.report`) into ``--out`` (default
 ``./hal-audit-out``): ``audit.json`` always, ``audit.md``, ``audit.html``, ``audit.sarif``, and
 ``migration.patch`` with ``--fix``. Nothing is written outside ``--out``; audited files are never
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from typing import Optional
@@ -30,6 +35,7 @@ from typing import Optional
 from hal.commandline import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
                             emit, run_cli)
 from hal.cli.outlock import OutBusyError, out_lock
+from hal.cli.progress import AUDIT_PHASES, make_progress
 
 PROG = "hal-audit"
 DEFAULT_OUT = "hal-audit-out"
@@ -75,6 +81,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--fix", action="store_true", help="write migration.patch (unified diff) into --out")
     p.add_argument("--fix-to", choices=("device", "hal"), default="device",
                    help="device: CUDA names become the target's; hal: device-neutral calls")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr (progress is shown only when stderr is a terminal)")
     return p
 
 
@@ -161,8 +169,9 @@ def _target_info(device: str) -> dict:
             "device_type": info.cls.device_type if info.cls is not None else device}
 
 
-def _run_dynamic(request: dict) -> dict:
+def _run_dynamic(request: dict, progress=None) -> dict:
     """Run part of the audit (``hal.conformance.runtime.audit_target``), imported lazily.
+    ``progress(phase, **counts)`` is told the run's phases (run, capture, predict) and counts.
 
     Returns partial report sections. When the runtime audit is not installed the run is recorded as
     skipped. A bad request (unknown model, ...) raises CliError (exit 2)."""
@@ -174,7 +183,7 @@ def _run_dynamic(request: dict) -> dict:
                             "error": "runtime audit not installed"}}
         raise
     try:
-        return runtime.audit_target(request) or {}
+        return runtime.audit_target(request, progress=progress) or {}
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc)) from None
     except Exception as exc:
@@ -248,24 +257,40 @@ def handle(args: argparse.Namespace) -> int:
             WORKLOAD_NAMES = None
         if WORKLOAD_NAMES is not None and args.target not in WORKLOAD_NAMES:
             raise CliError(f"unknown reference model {args.target!r}; one of {', '.join(WORKLOAD_NAMES)}")
-    static = None
-    if kind in ("folder", "script", "func", "notebook"):
-        static = _static(path, args.device)  # a notebook's cells, mapped back (conformance.migration.notebook)
-    elif kind == "module":
-        static = _static(module_root, args.device)
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"--out {args.out}: cannot create folder: {exc.strerror or exc}") from None
-    try:
-        with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=args.prog):
-            return _audit_locked(args, target, kind, static)
-    except OutBusyError as exc:
-        raise CliError(str(exc)) from None
+    progress = make_progress(audit_phases(args, kind), quiet=args.quiet)
+    with progress:  # cleared on the way out, before stdout or an error line is written
+        static = None
+        if kind in ("folder", "script", "func", "notebook", "module"):
+            progress("scan")
+        if kind in ("folder", "script", "func", "notebook"):
+            static = _static(path, args.device)  # a notebook's cells, mapped back (conformance.migration.notebook)
+        elif kind == "module":
+            static = _static(module_root, args.device)
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"--out {args.out}: cannot create folder: {exc.strerror or exc}") from None
+        try:
+            with out_lock(args.out, wait_s=(args.timeout or 600.0) + 300.0, prog=args.prog):
+                text, code = _audit_locked(args, target, kind, static, progress)
+        except OutBusyError as exc:
+            raise CliError(str(exc)) from None
+    emit(text)
+    return code
 
 
-def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> int:
-    """Run and report, while this process holds the lock on ``--out`` (the input is valid)."""
+def audit_phases(args: argparse.Namespace, kind: str) -> list[str]:
+    """The phases (of :data:`hal.cli.progress.AUDIT_PHASES`) this audit goes through, in order."""
+    runs = kind != "folder" and not args.static_only
+    wanted = {"scan": kind in ("folder", "script", "func", "notebook", "module"), "run": runs, "capture": runs,
+              "predict": runs, "precision": runs and args.precision, "profile": runs and args.profile,
+              "write": True}
+    return [p for p in AUDIT_PHASES if wanted[p]]
+
+
+def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, progress) -> tuple[str, int]:
+    """Run and report, while this process holds the lock on ``--out`` (the input is valid).
+    Returns (what goes to stdout, exit code)."""
     from hal.conformance import report as rep
     from hal.conformance.migration import CATALOGUE
     findings = [f.as_dict(args.fix_to) for f in static.findings] if static else []
@@ -279,7 +304,8 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
                    "memory_limit_mb": args.memory_limit}
-        sections = _run_dynamic(request)
+        progress("run")
+        sections = _run_dynamic(request, progress)
         run = dict(sections.get("run") or {})
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
                      ("error", None)):
@@ -288,10 +314,12 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
         if isinstance(sections.get("target"), dict):
             target.update({k: v for k, v in sections["target"].items() if k in ("available", "verified", "reason")})
         if args.precision or args.profile:
+            progress("precision" if args.precision else "profile")
             from hal.conformance.workload_audit import precision_and_profile
             fallbacks = sorted({o["op"] for o in sections.get("ops") or [] if o.get("status") == "fallback"})
             sections.update(precision_and_profile(request, fallbacks))
-    extra = {}
+    progress("write")
+    extra = {"invocation": {"prog": args.prog, "out": os.path.abspath(args.out)}}
     if static is not None:
         extra["static"] = static.stats()
     report = rep.new_report(target, run=run, findings=findings, ops=sections.get("ops") or [],
@@ -303,15 +331,16 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static) -> 
             written["patch"] = rep.write_artifact(args.out, "patch", static.patch_bytes(args.fix_to))
             report["fix"] = {"flavour": args.fix_to, "patch": str(written["patch"]),
                              "files": len(static.patched(args.fix_to)),
-                             "apply": f"cd {static.root} && patch -p1 < {os.path.abspath(written['patch'])}"}
+                             "apply": f"cd {shlex.quote(str(static.root))} && patch -p1 < "
+                                      f"{shlex.quote(os.path.abspath(written['patch']))}"}
         written = {**rep.write_reports(report, args.out, CATALOGUE, root), **written}
     except rep.ReportError as exc:
         raise CliError(str(exc)) from None
     if args.format == "text":
-        emit(rep.render(report, "text", written=written))
+        text = rep.render(report, "text", root=root, written=written)
     else:
-        emit(rep.render(report, args.format, CATALOGUE, root))
-    return exit_code(report, args.fail_on)
+        text = rep.render(report, args.format, CATALOGUE, root)
+    return text, exit_code(report, args.fail_on)
 
 
 def main(argv=None, prog: str = PROG) -> int:
