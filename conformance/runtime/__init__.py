@@ -122,7 +122,8 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
             "kind": req["kind"], "args": [str(a) for a in req["args"]], "steps": req.get("steps"),
             "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
-            "threads": req.get("threads"), "config": req.get("config"),
+            "threads": req.get("threads"),
+            "target_paths": None if target["available"] else target["device_type"], "config": req.get("config"),
             "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd()}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
