@@ -11,8 +11,9 @@ a ``.ipynb`` notebook or a module name), ``kind`` (``script`` | ``func`` | ``mod
 its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
 ``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
 place this function writes: the child's spec and result live in a folder of their own inside it,
-unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
-config, default ``tiny``).
+unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child), ``config`` (model
+config, default ``tiny``) and ``arch`` (the target's architecture: an int or ``--arch`` text such as
+``mlu590``; dtype gates and TF32 notes).
 
 Returns ``{"run", "ops", "findings", "target", "precision", "profile"}`` (see DESIGN's audit.json
 contract). The program always runs in a child process (:mod:`.child`, :mod:`.runner`), so a raise,
@@ -60,6 +61,9 @@ def _validate(request: dict) -> dict:
         raise ValueError(f"no such file: {path}")
     if kind == "func" and not target.rpartition(":")[2].isidentifier():
         raise ValueError(f"{target!r}: expected file.py:function_name")
+    if req.get("arch") is not None and not isinstance(req["arch"], int):
+        from hal.capabilities import parse_arch
+        req["arch"] = parse_arch(req["arch"])  # ValueError: a bad request
     steps = req.get("steps")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be a positive integer, not {steps!r}")
@@ -146,6 +150,6 @@ def _audit_with(req: dict, target: dict, workdir: str) -> dict:
         target["reason"] = (f"{target['device']} is not available here ({target['reason']}); the program ran on "
                             f"{run_device} and every op status is predicted from the capability data")
     ops = build_ops(result.get("ops", []), target["device"], run.get("steps") or 1, measured,
-                    result.get("hal_fallbacks"))
+                    result.get("hal_fallbacks"), arch=req.get("arch"))
     findings = result.get("findings", [])
     return {"run": run, "ops": ops, "findings": findings, "target": target, "precision": None, "profile": None}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 from typing import Iterable, Optional, Sequence, Union
 
@@ -215,6 +216,29 @@ def _resolver(backend: str, fallback: Optional[bool], path: Optional[str]) -> _R
 
 
 _lock = threading.Lock()
+
+
+_ARCH_NAMES = {"mlu220": 2, "mlu270": 2, "mlu290": 2, "mlu370": 3, "mlu580": 5, "mlu590": 5}
+
+
+def parse_arch(text: str) -> int:
+    """The architecture major of ``--arch``: ``5``, ``5.0``, an MLU board generation (``mlu370`` ->
+    3, ``mlu590`` -> 5: mlu.md infers MLU370 = 3.x and MLU590 = 5.x from torch_mlu's bf16 rule) or a
+    CUDA ``sm90``/``sm_90`` (-> 9). Raises ValueError with a one-line message otherwise."""
+    t = str(text).strip().lower()
+    if t in _ARCH_NAMES:
+        return _ARCH_NAMES[t]
+    m = re.fullmatch(r"mlu([235])[0-9]0(-[a-z0-9]+)?", t)
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"sm_?(\d+?)(\d)", t)
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"(\d+)(\.\d+)?", t)
+    if m:
+        return int(m.group(1))
+    raise ValueError(f"--arch {text!r}: expected MAJOR[.MINOR] (e.g. 5), an MLU generation (mlu370, mlu590) "
+                     "or a CUDA sm (sm90)")
 
 
 def _arch_major(arch: Arch) -> Optional[int]:
