@@ -152,13 +152,17 @@ def dtype_notes(backend: str, dtypes: list[str], existing: list[str], op: str = 
 
 def _equivalent(backend: str, op: str) -> Optional[tuple[str, str]]:
     try:
-        from hal.capabilities import target_equivalent
+        from hal.capabilities import target_equivalent, target_torch
     except Exception:  # capability API absent: the query says so per op
         return None
     try:
-        return target_equivalent(backend, op)
+        eq = target_equivalent(backend, op)
     except Exception:
         return None
+    if eq is None:
+        return None
+    return eq[0], (f"version skew: the running torch emits {op}, which torch {target_torch(backend)} "
+                   f"(the {backend} manifest's pairing) does not have; {eq[1]}")
 
 
 def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[dict] = None,
