@@ -35,10 +35,13 @@ def test_a_crashing_cell_is_marked_and_the_matrix_completes(matrix_run):
         assert "predicted" in mlu["reason"] and "step_ms" not in mlu["figures"]
         figs = mlu["figures"]
         # the cell's status follows from its own op lists ...
-        want = "fail" if figs["unsupported_ops"] else "pass-with-fallback" if figs["fallback_ops"] else "pass"
+        # (a predicted cell states op support only, never a measured cell's words)
+        want = ("ops-unsupported" if figs["unsupported_ops"] else "ops-fallback" if figs["fallback_ops"]
+                else "ops-supported")
         assert mlu["status"] == want, (mlu["status"], figs)
+        assert "precision not measured" in mlu["reason"] and figs["precision"] == "not measured"
         # ... and gpt in float32 reaches only ops with an MLU kernel (torch_mlu_kernels.tsv): none falls back
-        assert figs["fallback_ops"] == [] and figs["unsupported_ops"] == [] and mlu["status"] == "pass"
+        assert figs["fallback_ops"] == [] and figs["unsupported_ops"] == [] and mlu["status"] == "ops-supported"
     assert doc["environments"][0]["backends"]["cpu"]["available"]
     assert doc["summary"]["crashed"] == 1 and doc["summary"]["verified"] == 1
 
@@ -50,7 +53,7 @@ def test_outputs_are_written_and_escaped(matrix_run):
     html = (out / "compat-matrix.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "<svg" in html
     svg = (out / "compat-matrix.svg").read_text()
-    assert svg.startswith("<svg") and "hatched = predicted" in svg
+    assert svg.startswith("<svg") and "hatched blue-grey = predicted" in svg
     evil = Cell("cpu", "<script>alert(1)</script>", "train", "float32", status="fail", reason="<img src=x onerror=1>",
                 ops={"aten::<b>": "fallback"})
     d = document([evil], [], [{"id": "<i>", "command": "</code><script>"}])

@@ -91,12 +91,13 @@ def evaluate(req: dict) -> Cell:
     tracker = ModuleTracker()
     tracker.install()
     try:
-        with OpCapture(tracker) as cap:
+        # predicting: the CPU run takes the target's code paths (foreach optimizers, fused dropout...)
+        with OpCapture(tracker, target=None if present else cell.backend) as cap:
             step()
     finally:
         tracker.remove()
     measured = {"device_type": runner.device_type} if present else None
-    ops = build_ops(cap.records(), cell.backend, 1, measured)
+    ops = build_ops(cap.records(), cell.backend, 1, measured, arch=req.get("arch"))
     cell.ops = {}
     for o in ops:
         cur = cell.ops.get(o["op"])
@@ -132,6 +133,8 @@ def evaluate(req: dict) -> Cell:
                 cell.status, cell.reason = "precision-fail", why
             elif why:
                 figs["precision_note"] = why
+    if not present:
+        return _predicted(cell, unsupported, fallback, risks, info.reason)
     if cell.status == "not-run":
         if unsupported:
             cell.status = "fail"
@@ -144,6 +147,28 @@ def evaluate(req: dict) -> Cell:
     how = (f"measured on {runner.device_properties(0).name}" if present else
            f"predicted from the {cell.backend} capability manifest (op mix recorded on the CPU): {info.reason}")
     cell.reason = "; ".join(p for p in (cell.reason, how, *risks[:2]) if p)
+    return cell
+
+
+def _predicted(cell: Cell, unsupported: list, fallback: list, notes: list, why_absent: str) -> Cell:
+    """A predicted cell states op support only (``ops-supported`` | ``ops-fallback`` |
+    ``ops-unsupported``): never a measured cell's words, no time, memory or precision figures; the
+    manifest's precision notes (TF32 defaults, float64 computed as float32, dtype gates) ride along
+    in ``figures.precision_notes`` and the reason."""
+    if unsupported:
+        cell.status = "ops-unsupported"
+        head = f"{len(unsupported)} op(s) cannot run: {', '.join(unsupported[:5])}"
+    elif fallback:
+        cell.status = "ops-fallback"
+        head = f"{len(fallback)} op(s) fall back to the CPU: {', '.join(fallback[:5])}"
+    else:
+        cell.status = "ops-supported"
+        head = "ops supported"
+    cell.verified = False
+    cell.figures["precision"] = "not measured"
+    cell.figures["precision_notes"] = notes
+    cell.reason = "; ".join([f"{head}, precision not measured (predicted from the {cell.backend} capability manifest, "
+                             f"op mix recorded on the CPU: {why_absent})", *notes[:3]])
     return cell
 
 

@@ -14,7 +14,12 @@ from tabulate import tabulate
 from hal.conformance.report import escape
 
 COLOURS = {"pass": "#2e7d32", "pass-with-fallback": "#9e9d24", "precision-fail": "#ef6c00", "fail": "#c62828",
-           "crashed": "#6a1b9a", "timeout": "#4e342e", "not-run": "#9e9e9e"}
+           "crashed": "#6a1b9a", "timeout": "#4e342e", "not-run": "#9e9e9e",
+           # predicted cells: neutral blue-greys, always hatched; never a measured cell's green
+           "ops-supported": "#607d8b", "ops-fallback": "#78716c", "ops-unsupported": "#57534e"}
+LEGEND = ("solid = measured on the device (pass / pass-with-fallback / precision-fail / fail ...); hatched blue-grey = "
+          "predicted from the capability manifest: op support only (ops-supported / ops-fallback / ops-unsupported), "
+          "precision not measured")
 OP_COLOURS = {"native": "#2e7d32", "composite": "#558b2f", "fallback": "#ef6c00", "unsupported": "#c62828",
               "unknown": "#9e9e9e"}
 
@@ -51,8 +56,9 @@ def to_markdown(doc: dict) -> str:
     backends, rows, by = _grid(doc)
     out = ["# HAL compatibility matrix", "",
            "Each cell: status, and how we know — **verified** = measured on that device; **predicted** = "
-           "derived from the backend's capability manifest on a machine without the device "
-           "(op support only: no time, memory or precision figures).", ""]
+           "derived from the backend's capability manifest on a machine without the device: it states op support "
+           "only (ops-supported / ops-fallback / ops-unsupported), precision not measured, and carries the manifest's "
+           "precision notes (TF32 defaults, float64 computed as float32, dtype gates).", ""]
     s = doc.get("summary", {})
     out.append(", ".join(f"{k}: {v}" for k, v in s.items()))
     out += ["", "## Status", ""]
@@ -92,7 +98,7 @@ def to_svg(doc: dict, cell_w: int = 150, cell_h: int = 26) -> str:
     """A heatmap: rows model/mode/dtype, columns backends, colour = status, hatched = predicted."""
     backends, rows, by = _grid(doc)
     left, top = 220, 40
-    w, h = left + cell_w * len(backends) + 10, top + cell_h * len(rows) + 60
+    w, h = max(left + cell_w * len(backends) + 10, 760), top + cell_h * len(rows) + 60
     e = html.escape
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
              '<defs><pattern id="pred" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
@@ -112,7 +118,8 @@ def to_svg(doc: dict, cell_w: int = 150, cell_h: int = 26) -> str:
                 parts.append(f'<rect x="{x + 1}" y="{y + 1}" width="{cell_w - 2}" height="{cell_h - 2}" fill="url(#pred)"/>')
             parts.append(f'<text x="{x + cell_w / 2}" y="{y + cell_h * 0.65}" text-anchor="middle" fill="#fff">{e(status)}</text>')
     ly = top + cell_h * len(rows) + 25
-    parts.append(f'<text x="{left}" y="{ly}">solid = verified on the device; hatched = predicted from the manifest</text>')
+    parts.append(f'<text x="{left}" y="{ly}">solid = measured on the device; hatched blue-grey = predicted: op '
+                 'support only, precision not measured</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -126,8 +133,10 @@ def to_html(doc: dict) -> str:
            "rgba(255,255,255,.35) 5px 8px)}code{font-size:12px}")
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>HAL compatibility matrix</title><style>{css}</style></head><body>",
            "<h1>HAL compatibility matrix</h1>",
-           "<p><b>verified</b>: measured on that device. <b>predicted</b> (hatched): derived from the backend's capability "
-           "manifest on a machine without the device; op support only.</p>",
+           "<p><b>verified</b> (solid): measured on that device. <b>predicted</b> (hatched blue-grey): derived from the "
+           "backend's capability manifest on a machine without the device; it states op support only "
+           "(ops-supported / ops-fallback / ops-unsupported), precision not measured, with the manifest's precision "
+           "notes (TF32 defaults, float64 computed as float32, dtype gates).</p>",
            "<p>" + e(", ".join(f"{k}: {v}" for k, v in doc.get("summary", {}).items())) + "</p>",
            "<table><tr><th>model</th><th>mode</th><th>dtype</th>" + "".join(f"<th>{e(b)}</th>" for b in backends) + "</tr>"]
     for m, mo, dt in rows:
@@ -144,7 +153,12 @@ def to_html(doc: dict) -> str:
                 detail.append(f"{figs['step_ms']:.2f} ms/step")
             if figs.get("fallback_ops"):
                 detail.append(f"{len(figs['fallback_ops'])} fallback ops")
-            tds.append(f"<td class='{cls}' style='background:{COLOURS.get(c['status'], '#999')}' title='{e(c.get('reason', ''))}'>"
+            notes = figs.get("precision_notes") or []
+            if notes:
+                detail.append("; ".join(notes[:2]))
+            # background-color, not the background shorthand: that would reset the hatching's background-image
+            tds.append(f"<td class='{cls}' style='background-color:{COLOURS.get(c['status'], '#999')}' "
+                       f"title='{e(c.get('reason', ''))}'>"
                        f"{e(_label(c))}<br><small>{e(', '.join(detail))}</small></td>")
         out.append(f"<tr><td>{e(m)}</td><td>{e(mo)}</td><td>{e(dt)}</td>{''.join(tds)}</tr>")
     out.append("</table>")
@@ -160,7 +174,7 @@ def to_html(doc: dict) -> str:
         out.append("<h2>Per-op support</h2><table><tr><th>op</th>" + "".join(f"<th>{e(b)}</th>" for b in obs) + "</tr>")
         for op, v in doc["per_op"].items():
             out.append(f"<tr><td><code>{e(op)}</code></td>" + "".join(
-                f"<td style='background:{OP_COLOURS.get(v.get(b, ''), '#fff')};color:#fff'>{e(v.get(b, '—'))}</td>" for b in obs) + "</tr>")
+                f"<td style='background-color:{OP_COLOURS.get(v.get(b, ''), '#fff')};color:#fff'>{e(v.get(b, '—'))}</td>" for b in obs) + "</tr>")
         out.append("</table>")
     if doc.get("collectives"):
         out.append("<h2>Collectives</h2><table><tr><th>backend</th><th>status</th><th>how</th><th>reason</th></tr>")

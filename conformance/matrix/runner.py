@@ -100,8 +100,10 @@ def environment_entry() -> dict:
 
 def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[str], dtypes: Iterable[str],
                config: str = "tiny", steps: int = 3, timeout_s: float = 300.0, precision: bool = True,
-               with_collectives: bool = True, progress: Optional[Callable[[Cell], None]] = None) -> dict:
-    """Run every cell and return the ``hal-compat-matrix/1`` document.
+               with_collectives: bool = True, progress: Optional[Callable[[Cell], None]] = None,
+               arch: Optional[int] = None) -> dict:
+    """Run every cell and return the ``hal-compat-matrix/1`` document. ``arch``: the architecture
+    major of the predicted devices (dtype gates, TF32 notes), None when not given.
 
     Raises ValueError before running anything when ``steps`` is not a positive integer or
     ``timeout_s`` not a finite positive number (a cell would otherwise pass on zero steps or time out
@@ -117,7 +119,7 @@ def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[st
             for mode in modes:
                 for dtype in dtypes:
                     req = {"backend": backend, "model": model, "mode": mode, "dtype": dtype, "config": config,
-                           "steps": steps, "precision": precision}
+                           "steps": steps, "precision": precision, "arch": arch}
                     cell = run_cell(req, timeout_s)
                     cell.env = env["id"]
                     cells.append(cell)
@@ -129,4 +131,4 @@ def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[st
             row = collectives_row(backend)
             row["env"] = env["id"]
             colls.append(row)
-    return document(cells, colls, [env], {"config": config, "steps": steps})
+    return document(cells, colls, [env], {"config": config, "steps": steps, "arch": arch})

@@ -14,8 +14,13 @@ SCHEMA = "hal-compat-matrix/1"
 #: op statuses from best to worst (a cell keeps an op's worst status across phases)
 OP_STATUS_ORDER = ("native", "composite", "unknown", "fallback", "unsupported")
 
-#: every status a cell can have, best first
-STATUSES = ("pass", "pass-with-fallback", "precision-fail", "fail", "crashed", "timeout", "not-run")
+#: every status a measured cell can have, best first
+MEASURED_STATUSES = ("pass", "pass-with-fallback", "precision-fail", "fail", "crashed", "timeout", "not-run")
+#: a predicted cell states op support only, never a measured cell's words: every op runs on the
+#: device (native or composite) | some fall back to the CPU | some cannot run there
+PREDICTED_STATUSES = ("ops-supported", "ops-fallback", "ops-unsupported")
+#: every status a cell can have
+STATUSES = MEASURED_STATUSES + PREDICTED_STATUSES
 
 
 @dataclasses.dataclass

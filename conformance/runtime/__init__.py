@@ -11,8 +11,9 @@ a ``.ipynb`` notebook or a module name), ``kind`` (``script`` | ``func`` | ``mod
 its end, a func or model runs 2), ``timeout`` (seconds; None: :data:`DEFAULT_TIMEOUT_S`),
 ``precision``, ``profile`` (other audits: reported as None here), ``out`` (a directory: the only
 place this function writes: the child's spec and result live in a folder of their own inside it,
-unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child) and ``config`` (model
-config, default ``tiny``).
+unique to the run and removed afterwards; None: a temporary directory), plus optional ``threads`` (torch CPU threads in the child), ``config`` (model
+config, default ``tiny``) and ``arch`` (the target's architecture: an int or ``--arch`` text such as
+``mlu590``; dtype gates and TF32 notes).
 
 ``progress`` (optional) is called as ``progress(phase, **counts)``: ``"run"`` when the child starts
 and then with ``steps`` and ``ops`` (distinct ops seen) as the child reports them (it writes a small
@@ -66,6 +67,9 @@ def _validate(request: dict) -> dict:
         raise ValueError(f"no such file: {path}")
     if kind == "func" and not target.rpartition(":")[2].isidentifier():
         raise ValueError(f"{target!r}: expected file.py:function_name")
+    if req.get("arch") is not None and not isinstance(req["arch"], int):
+        from hal.capabilities import parse_arch
+        req["arch"] = parse_arch(req["arch"])  # ValueError: a bad request
     steps = req.get("steps")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be a positive integer, not {steps!r}")
@@ -159,7 +163,8 @@ def _audit_with(req: dict, target: dict, workdir: str, progress=None) -> dict:
             "kind": req["kind"], "args": [str(a) for a in req["args"]], "steps": req.get("steps"),
             "timeout": req.get("timeout") or DEFAULT_TIMEOUT_S, "run_device": run_device,
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
-            "threads": req.get("threads"), "config": req.get("config"),
+            "threads": req.get("threads"),
+            "target_paths": None if target["available"] else target["device_type"], "config": req.get("config"),
             "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd(),
             "progress_path": os.path.join(workdir, "runtime-child-progress.json")}
     with open(spec_path, "w") as f:
@@ -193,6 +198,6 @@ def _audit_with(req: dict, target: dict, workdir: str, progress=None) -> dict:
                             f"{run_device} and every op status is predicted from the capability data")
     progress("predict")
     ops = build_ops(result.get("ops", []), target["device"], run.get("steps") or 1, measured,
-                    result.get("hal_fallbacks"))
+                    result.get("hal_fallbacks"), arch=req.get("arch"))
     findings = result.get("findings", [])
     return {"run": run, "ops": ops, "findings": findings, "target": target, "precision": None, "profile": None}

@@ -129,11 +129,15 @@ def _accepts_always_call() -> bool:
 
 class OpCapture(TorchDispatchMode):
     """Counts every op dispatched while active. ``optimizer_depth`` > 0 marks the optimizer phase
-    (set by :mod:`hal.conformance.runtime.stepping`); ``modules`` supplies the module path."""
+    (set by :mod:`hal.conformance.runtime.stepping`); ``modules`` supplies the module path.
+    ``target``: the absent device a predicting run is for (e.g. ``"mlu"``): while the capture is
+    active the program takes that device's code paths (:class:`TargetPaths`); None (a measured run,
+    or a CPU target): nothing is changed."""
 
-    def __init__(self, modules: Optional[ModuleTracker] = None) -> None:
+    def __init__(self, modules: Optional[ModuleTracker] = None, target: Optional[str] = None) -> None:
         super().__init__()
         self.modules = modules
+        self.target_paths = TargetPaths(target) if target and target != "cpu" else None
         self.optimizer_depth = 0
         # (func, phase, dtypes, module, device type) -> [calls, bytes in+out]
         self.counts: dict[tuple, list] = {}
@@ -146,6 +150,18 @@ class OpCapture(TorchDispatchMode):
         # the wrapper imports torch._dynamo on the first op (about a second of CPU) and adds a frame
         # per op. The capture never runs under torch.compile's tracing, so it opts out.
         return False
+
+    def __enter__(self) -> "OpCapture":
+        if self.target_paths is not None:
+            self.target_paths.install()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            if self.target_paths is not None:
+                self.target_paths.remove()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -198,3 +214,115 @@ class OpCapture(TorchDispatchMode):
             if module and module not in rec["modules"] and len(rec["modules"]) < MAX_MODULES_PER_OP:
                 rec["modules"].append(module)
         return sorted(merged.values(), key=lambda r: (-r["count"], r["op"], r["phase"]))
+
+
+class TargetPaths:
+    """Make torch take the *target's* code paths where torch picks them by the host's device type.
+
+    A program audited for an absent accelerator runs on the CPU, and in a few places torch chooses a
+    different implementation because the tensors are on the CPU. While installed (only in a run that
+    predicts for ``target``, never in a measured run):
+
+    - optimizers default to their ``foreach`` implementation on ``present`` as they do on CUDA, XPU
+      and PrivateUse1 devices (``torch.optim.optimizer._get_foreach_kernels_supported_devices``
+      gains ``present``): AdamW/Adam/SGD... dispatch ``aten::_foreach_*`` as on the target;
+    - a GradScaler the program enables for ``cuda`` or for ``target`` (which the device redirect
+      turns into a disabled one) runs enabled on ``present``, so ``scale``/``unscale_``/``update``
+      dispatch ``aten::_amp_foreach_non_finite_check_and_unscale_`` and ``aten::_amp_update_scale_``
+      (both have CPU kernels in torch 2.4 and later);
+    - training-mode dropout runs the fused ``aten::native_dropout`` (what ATen picks for CUDA, XPU
+      and PrivateUse1 tensors) instead of the CPU's bernoulli_/div_/mul decomposition.
+
+    Kernels the host picks inside one call (``mkldnn_rnn_layer``, the CPU's SDPA kernel,
+    ``native_batch_norm`` where cuDNN would run) are mapped afterwards by
+    :func:`hal.conformance.runtime.predict.target_kernel`, which keeps ``captured_as``.
+
+    ``install`` patches process-global attributes and ``remove`` restores them (LIFO with any patch
+    installed before: install after the device redirect, remove before it). Not thread-safe.
+    """
+
+    def __init__(self, target: str, present: str = "cpu") -> None:
+        self.target = target
+        self.present = present
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    _ABSENT = object()
+
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        # an attribute served by a module's __getattr__ (torch._VF) is deleted again, not pinned
+        own = vars(owner).get(name, self._ABSENT) if hasattr(owner, "__dict__") else getattr(owner, name)
+        self._saved.append((owner, name, own))
+        setattr(owner, name, value)
+
+    def install(self) -> "TargetPaths":
+        import torch.optim.optimizer as optim_mod
+        real_devices = optim_mod._get_foreach_kernels_supported_devices
+        present = self.present
+
+        def foreach_devices() -> list:
+            devs = list(real_devices())
+            return devs if present in devs else devs + [present]
+
+        self._patch(optim_mod, "_get_foreach_kernels_supported_devices", foreach_devices)
+        self._install_scaler()
+        self._install_dropout()
+        return self
+
+    def _install_dropout(self) -> None:
+        # ATen's dropout runs the fused native_dropout only on CUDA, XPU, lazy and PrivateUse1 tensors
+        # (is_fused_kernel_acceptable); on the CPU it decomposes into bernoulli_/div_/mul.
+        vf = torch._VF
+        real = vf.dropout
+
+        def dropout(input: Any, p: float, train: bool) -> Any:
+            if train and 0 < p < 1 and type(input) is torch.Tensor and input.numel() > 0:
+                return torch.native_dropout(input, p, train)[0]
+            return real(input, p, train)
+
+        self._patch(vf, "dropout", dropout)
+
+    def _install_scaler(self) -> None:
+        import torch.amp.grad_scaler as gs
+        real = gs.GradScaler
+        present, asked_for = self.present, ("cuda", self.target)
+
+        def enable(scaler: Any, device: str, args: tuple, kwargs: dict) -> None:
+            enabled = kwargs.get("enabled", args[4] if len(args) > 4 else True)
+            if enabled and device in asked_for and not getattr(scaler, "_enabled", False):
+                kw = dict(kwargs, enabled=True)
+                real.__init__(scaler, present, *args[:4], **kw)
+
+        amp_cls = torch.amp.GradScaler
+
+        class TargetGradScaler(amp_cls):  # type: ignore[misc, valid-type]
+            def __init__(self, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
+                super().__init__(device, *args, **kwargs)
+                enable(self, device, args, kwargs)
+
+        self._patch(torch.amp, "GradScaler", TargetGradScaler)
+        try:
+            import torch.cuda.amp as cuda_amp
+        except ImportError:  # pragma: no cover - every torch we support has it
+            return
+        cuda_cls = cuda_amp.GradScaler
+
+        class TargetCudaGradScaler(cuda_cls):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                enable(self, "cuda", args, kwargs)
+
+        self._patch(cuda_amp, "GradScaler", TargetCudaGradScaler)
+
+    def remove(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            if value is self._ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+    def __enter__(self) -> "TargetPaths":
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()

@@ -327,7 +327,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from hal.conformance.runtime.capture import ModuleTracker, OpCapture
     from hal.conformance.runtime.stepping import StepLimiter, StopAudit
     modules = ModuleTracker()
-    capture = OpCapture(modules)
+    capture = OpCapture(modules, target=spec.get("target_paths"))
     limiter = StepLimiter(spec.get("steps"), capture)
     modules.on_top_level_forward = limiter.before_top_level_forward
     state.capture, state.limiter = capture, limiter

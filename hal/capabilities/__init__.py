@@ -6,6 +6,6 @@ with the reason and the ops the verdict rests on. See docs/capabilities.md.
 """
 from hal.capabilities.manifest import Manifest, load_manifest
 from hal.capabilities.names import normalize_op
-from hal.capabilities.query import OpStatus, op_status
+from hal.capabilities.query import OpStatus, op_status, parse_arch, target_equivalent, target_torch
 
-__all__ = ["Manifest", "OpStatus", "load_manifest", "normalize_op", "op_status"]
+__all__ = ["Manifest", "OpStatus", "load_manifest", "normalize_op", "op_status", "parse_arch", "target_equivalent", "target_torch"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 from typing import Iterable, Optional, Sequence, Union
 
@@ -42,6 +43,15 @@ DEVICE_SELECTED = {
         ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
          "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"),
         "aten::_scaled_dot_product_attention_math"),
+}
+
+
+#: Ops newer torch releases emit where older ones emit another op for the same Python call:
+#: {newer op: (older op, why)}. Used when the running torch is newer than the one a manifest pairs with.
+VERSION_EQUIVALENTS = {
+    "aten::_safe_softmax": ("aten::_softmax", "torch >= 2.5 calls _safe_softmax in softmax under SDPA's math path "
+                            "and in masked attention; torch 2.4 calls _softmax (only fully masked rows differ: "
+                            "0 instead of NaN)"),
 }
 
 
@@ -117,6 +127,27 @@ class _Resolver:
         self.memo[op] = v
         return v
 
+    def equivalent(self, op: str) -> Optional[tuple[str, str]]:
+        """``(op the target's torch emits instead, why)`` when ``op`` is absent from the torch the
+        manifest pairs with and :data:`VERSION_EQUIVALENTS` knows its older spelling, else None."""
+        if self.version_ops is None or op in self.version_ops or op not in VERSION_EQUIVALENTS:
+            return None
+        older, why = VERSION_EQUIVALENTS[op]
+        return (older, why) if older in self.version_ops else None
+
+    def _version_skew(self, op: str, stack: tuple[str, ...], ver: Optional[str]) -> _Verdict:
+        """An op of the running torch that the target's torch lacks is never "unsupported": the
+        target's torch emits something else for the same call (version skew, not a missing kernel)."""
+        dev = _dev(self.man.backend)
+        eq = self.equivalent(op)
+        head = f"{op} is an op of torch {self.built} that torch {ver} (the {dev} manifest's pairing) does not have"
+        if eq is None:
+            return _Verdict("unknown", f"{head}; what torch {ver} emits for the same call is not known here "
+                                       "(version skew, not a missing kernel)", (op,))
+        older, why = eq
+        v = self.resolve(older, stack)
+        return _Verdict(v.status, f"{head}; torch {ver} emits {older} for the same call ({why}): {v.reason}", v.via)
+
     def _resolve(self, op: str, stack: tuple[str, ...]) -> _Verdict:
         man, dev = self.man, _dev(self.man.backend)
         if op in man.native_ops:
@@ -135,8 +166,7 @@ class _Resolver:
             return _Verdict("unknown", f"{op} is not an op of torch {self.built} (the dispatcher does not know it)",
                             (op,))
         if vops is not None and op not in vops:
-            return _Verdict("unsupported", f"{op} does not exist in torch {ver}, which the {dev} manifest pairs with "
-                                           f"(it is an op of torch {self.built})", (op,))
+            return self._version_skew(op, stack, ver)
         if entry["k"] != "-":
             kind = "CompositeImplicitAutograd" if entry["k"] == "cia" else "CompositeExplicitAutograd"
             callees = entry.get("c", [])
@@ -186,6 +216,29 @@ def _resolver(backend: str, fallback: Optional[bool], path: Optional[str]) -> _R
 
 
 _lock = threading.Lock()
+
+
+_ARCH_NAMES = {"mlu220": 2, "mlu270": 2, "mlu290": 2, "mlu370": 3, "mlu580": 5, "mlu590": 5}
+
+
+def parse_arch(text: str) -> int:
+    """The architecture major of ``--arch``: ``5``, ``5.0``, an MLU board generation (``mlu370`` ->
+    3, ``mlu590`` -> 5: mlu.md infers MLU370 = 3.x and MLU590 = 5.x from torch_mlu's bf16 rule) or a
+    CUDA ``sm90``/``sm_90`` (-> 9). Raises ValueError with a one-line message otherwise."""
+    t = str(text).strip().lower()
+    if t in _ARCH_NAMES:
+        return _ARCH_NAMES[t]
+    m = re.fullmatch(r"mlu([235])[0-9]0(-[a-z0-9]+)?", t)
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"sm_?(\d+?)(\d)", t)
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"(\d+)(\.\d+)?", t)
+    if m:
+        return int(m.group(1))
+    raise ValueError(f"--arch {text!r}: expected MAJOR[.MINOR] (e.g. 5), an MLU generation (mlu370, mlu590) "
+                     "or a CUDA sm (sm90)")
 
 
 def _arch_major(arch: Arch) -> Optional[int]:
@@ -261,6 +314,28 @@ def op_status(backend: str, op: str, dtypes: Sequence[str] = (), arch: Arch = No
         status, reason = "unsupported", f"{blocker} ({v.status}: {v.reason})"
     return OpStatus(name, backend, status, reason, v.via, tuple(notes), _hints(res.man, name),
                     predicted=res.man.predicted)
+
+
+def target_equivalent(backend: str, op: str, *, manifest_path: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """``(op, why)``: what the torch that ``backend``'s manifest pairs with emits instead of ``op``
+    when ``op`` exists only in the running (newer) torch; None when ``op`` exists there too, the
+    pairing is the running torch, or no equivalent is known (see :data:`VERSION_EQUIVALENTS`)."""
+    name = normalize_op(op)
+    try:
+        with _lock:
+            return _resolver(backend, None, manifest_path).equivalent(name)
+    except FileNotFoundError:
+        return None
+
+
+def target_torch(backend: str) -> Optional[str]:
+    """The torch release ``backend``'s manifest pairs with (``"2.4"`` for torch_mlu r2.4), or None."""
+    try:
+        man = load_manifest(backend)
+    except (FileNotFoundError, ValueError):
+        return None
+    pairing = man.provenance.get("torch_pairing")
+    return str(pairing) if pairing else None
 
 
 def ops_status(backend: str, ops: Iterable[str], dtypes: Sequence[str] = (), arch: Arch = None) -> list[OpStatus]:

@@ -68,6 +68,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=float, metavar="MB",
                    help="cap the audited program's memory (heap and anonymous mappings) at MB megabytes; "
                         "an allocation past it fails inside the program and the run is reported as an error")
+    p.add_argument("--arch", metavar="MAJOR[.MINOR]",
+                   help="the target's architecture generation for dtype gates and TF32 notes "
+                        "(e.g. 5, mlu370, mlu590; MLU bf16 needs >= 5); default: not given")
     p.add_argument("--steps", type=int, metavar="N", help="stop after N optimizer steps / forward passes "
                    "(default: a script runs to its end; a func or model target runs 2)")
     p.add_argument("--timeout", type=float, metavar="SEC",
@@ -229,6 +232,12 @@ def exit_code(report: dict, fail_on: Optional[str]) -> int:
 def validate_numbers(args: argparse.Namespace) -> None:
     """Every numeric option finite and in range, else CliError (exit 2, one line)."""
     check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS, what="a positive integer")
+    if args.arch is not None:
+        from hal.capabilities import parse_arch
+        try:
+            args.arch = parse_arch(args.arch)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds")
     check_number("--memory-limit", args.memory_limit, minimum=MIN_MEMORY_MB, maximum=MAX_MEMORY_MB,
                  what="a number of megabytes")
@@ -303,7 +312,7 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit}
+                   "memory_limit_mb": args.memory_limit, "arch": args.arch}
         progress("run")
         sections = _run_dynamic(request, progress)
         run = dict(sections.get("run") or {})

@@ -28,6 +28,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--config", default="tiny", help="model config (default: tiny)")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--arch", metavar="MAJOR[.MINOR]",
+                   help="architecture of the predicted devices for dtype gates and TF32 notes (e.g. mlu590)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     p.add_argument("--no-precision", action="store_true", help="skip the float64 precision check")
     p.add_argument("--no-collectives", action="store_true")
@@ -104,6 +106,13 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS, what="a positive integer")
     check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds per cell")
     _check_out(args.out)
+    arch = None
+    if args.arch is not None:
+        from hal.capabilities import parse_arch
+        try:
+            arch = parse_arch(args.arch)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     if args.merge:
         try:
             doc = mmerge.merge((p, _load(p)) for p in args.merge)
@@ -139,7 +148,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
         doc = run_matrix(devices, models, _csv(args.modes), _csv(args.dtypes), args.config, args.steps,
                          args.timeout, not args.no_precision, not args.no_collectives,
-                         progress if args.format == "text" else None)
+                         progress if args.format == "text" else None, arch=arch)
     paths = write_outputs(doc, Path(args.out))
     if args.format == "json":
         emit(json.dumps(doc, indent=2, default=str))
