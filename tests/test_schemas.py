@@ -71,6 +71,9 @@ SHAPES: dict[str, dict] = {
 #: `schema` names of benchmark outputs the package does not publish -> their shape
 SHAPES_BY_SCHEMA: dict[str, dict] = {
     "hal-corpus-static/1": _req("schema", "environment", "rows", "totals", rows={"type": "array"}),
+    # benchmarks/fidelity.py's per-side captures (--predict here, --measure on the GPU), inputs of hal-fidelity/1
+    "hal-fidelity-capture/1": _req("schema", "environment", "mode", "programs",
+                                   mode={"enum": ["predicted", "measured"]}, programs={"type": "object"}),
 }
 
 
@@ -318,3 +321,12 @@ def test_fidelity_schema_takes_the_shape_issue_19_gives():
     assert [str(p) for p in schemas.problems("hal-fidelity/1", doc)] == [  # document order, not string order
         "$.programs[3].only_measured: \"aten::mm\" is not of type 'array'",
         "$.programs[10].op_agreement: 2 is greater than the maximum of 1"]
+
+
+def test_matrix_schema_refuses_a_predicted_cell_with_measured_words():
+    doc = json.loads((REPORTS / "matrix" / "compat-matrix.json").read_text(encoding="utf-8"))
+    predicted = next(i for i, c in enumerate(doc["cells"]) if not c["verified"] and c["status"].startswith("ops-"))
+    for bad in ({"status": "pass"}, {"status": "precision-fail"}, {"verified": True}):
+        broken = copy.deepcopy(doc)
+        broken["cells"][predicted].update(bad)
+        assert schemas.problems("hal-compat-matrix/1", broken), bad
