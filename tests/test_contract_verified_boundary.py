@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hal.conformance.runtime import audit_target
-from hal.conformance.runtime.predict import build_ops
+from hal.conformance.runtime.predict import build_ops, measured_status
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "runtime"
 STANDIN = FIX / "mlu_warning_standin.py"
@@ -75,7 +75,9 @@ def test_contract_builder_honours_warnings_only_for_mlu_runs():
     mlu = {o["op"]: o for o in build_ops(mrecs, "mlu", 2, {"device_type": "mlu", "mlu_fallbacks": warned})}
     assert mlu["aten::mode"]["status"] == "fallback" and mlu["aten::mode"]["verified"] is True
     assert mlu["aten::mode"]["bytes_per_step"] == 200 and mlu["aten::mode"]["calls_per_step"] == 1.0
-    assert mlu["aten::addmm"]["status"] == "native" and mlu["aten::addmm"]["verified"] is True
+    # ran there: the dispatcher's word for the MLU key (composite on this stand-in: no torch_mlu kernel)
+    assert mlu["aten::addmm"]["status"] == measured_status("aten::addmm", "mlu")[0] in ("native", "composite")
+    assert mlu["aten::addmm"]["verified"] is True
     # the warning names aten::mode with a trailing .default just as well
     dflt = build_ops(mrecs, "mlu", 1, {"device_type": "mlu", "mlu_fallbacks": {"aten::mode.default": 3}})
     assert {o["op"]: o["status"] for o in dflt}["aten::mode"] == "fallback"

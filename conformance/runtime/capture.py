@@ -137,8 +137,11 @@ class OpCapture(TorchDispatchMode):
     def __init__(self, modules: Optional[ModuleTracker] = None, target: Optional[str] = None) -> None:
         super().__init__()
         self.modules = modules
-        self.target_paths = TargetPaths(target) if target and target != "cpu" else None
+        self.target_paths = TargetPaths(target, capture=self) if target and target != "cpu" else None
         self.optimizer_depth = 0
+        self.paused = 0            # > 0: ops run unrecorded (inside a call recorded as the target's ops)
+        self.paused_ops = 0        # how many ops ran unrecorded
+        self.notes: dict[tuple, tuple] = {}  # (op, captured_as) -> (captured_as, why) of synthetic records
         # (func, phase, dtypes, module, device type) -> [calls, bytes in+out]
         self.counts: dict[tuple, list] = {}
         self.shapes: dict[Any, list] = {}
@@ -165,6 +168,9 @@ class OpCapture(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            self.paused_ops += 1
+            return out
         ins: list = []
         _leaves(args, ins)
         if kwargs:
@@ -196,16 +202,44 @@ class OpCapture(TorchDispatchMode):
                     samples.append(shape)
         return out
 
+    def phase(self) -> str:
+        """The phase an op dispatched now belongs to (see the module docstring)."""
+        if self.optimizer_depth:
+            return "optimizer"
+        if _current_node is not None and _current_node() is not None:
+            return "backward"
+        return "forward" if torch.is_grad_enabled() else "inference"
+
+    def record_target_op(self, op: str, phase: str, tensors: list, count: int, captured_as: str, why: str,
+                         shapes: Optional[list] = None) -> None:
+        """Record ``op`` -- an op the *target* dispatches where the host ran something else -- as if it
+        had been dispatched ``count`` times on ``tensors``. Its record keeps ``captured_as`` (what the
+        host ran) and ``why``; it is never merged with a record of the same op that really ran here."""
+        key = (_Synthetic(op, captured_as), phase, tuple(_dtype_name(t.dtype) for t in tensors),
+               self.modules.current if self.modules else "", tensors[0].device.type if tensors else "cpu")
+        slot = self.counts.setdefault(key, [0, 0])
+        slot[0] += count
+        slot[1] += _nbytes(tensors)
+        if shapes is not None and key[0] not in self.shapes:
+            self.shapes[key[0]] = shapes
+        self.notes[(op, captured_as)] = (captured_as, why)
+
     def records(self) -> list[dict]:
-        """One record per (op, phase, device type): counts, dtypes, modules and bytes, JSON-ready."""
+        """One record per (op, phase, device type): counts, dtypes, modules and bytes, JSON-ready.
+        Records of :meth:`record_target_op` are separate and carry ``captured_as`` and ``why``."""
         merged: dict[tuple, dict] = {}
         for (func, phase, dtypes, module, dev), (calls, nbytes) in self.counts.items():
-            op = aten_name(func)
+            synthetic = func if isinstance(func, _Synthetic) else None
+            op = synthetic.op if synthetic else aten_name(func)
             if op.startswith(IGNORED_NAMESPACES):
                 continue
-            rec = merged.setdefault((op, phase, dev), {"op": op, "phase": phase, "device_type": dev, "count": 0,
-                                                       "bytes": 0, "dtypes": [], "modules": [],
-                                                       "shapes": self.shapes.get(func, [])})
+            mkey = (op, phase, dev, synthetic.captured_as if synthetic else None)
+            rec = merged.get(mkey)
+            if rec is None:
+                rec = merged[mkey] = {"op": op, "phase": phase, "device_type": dev, "count": 0, "bytes": 0,
+                                      "dtypes": [], "modules": [], "shapes": self.shapes.get(func, [])}
+                if synthetic:
+                    rec["captured_as"], rec["why"] = self.notes[(op, synthetic.captured_as)]
             rec["count"] += calls
             rec["bytes"] += nbytes
             for d in dtypes:
@@ -214,6 +248,16 @@ class OpCapture(TorchDispatchMode):
             if module and module not in rec["modules"] and len(rec["modules"]) < MAX_MODULES_PER_OP:
                 rec["modules"].append(module)
         return sorted(merged.values(), key=lambda r: (-r["count"], r["op"], r["phase"]))
+
+
+class _Synthetic(tuple):
+    """Key of an op recorded by :meth:`OpCapture.record_target_op`: ``(op, captured_as)``."""
+
+    op = property(lambda self: self[0])
+    captured_as = property(lambda self: self[1])
+
+    def __new__(cls, op: str, captured_as: str) -> "_Synthetic":
+        return super().__new__(cls, (op, captured_as))
 
 
 class TargetPaths:
@@ -231,9 +275,17 @@ class TargetPaths:
       dispatch ``aten::_amp_foreach_non_finite_check_and_unscale_`` and ``aten::_amp_update_scale_``
       (both have CPU kernels in torch 2.4 and later);
     - training-mode dropout runs the fused ``aten::native_dropout`` (what ATen picks for CUDA, XPU
-      and PrivateUse1 tensors) instead of the CPU's bernoulli_/div_/mul decomposition.
+      and PrivateUse1 tensors) instead of the CPU's bernoulli_/div_/mul decomposition;
+    - with a ``capture``: each recurrent call (``torch._VF.gru``/``lstm``/``rnn_tanh``/``rnn_relu``,
+      which nn.GRU/LSTM/RNN call, packed sequences included) runs on the host unrecorded and is
+      recorded as the ops the target dispatches for it (:func:`hal.conformance.runtime.predict.rnn_target_ops`:
+      ``_cudnn_rnn`` on CUDA, ...), in its forward and, through an autograd Function around the call,
+      in its backward (``_cudnn_rnn_backward``); the records keep ``captured_as`` (``aten::gru.input``)
+      and why. On cuda, ``nn.RNNBase.flatten_parameters`` records the ``_cudnn_rnn_flatten_weight``
+      that cuDNN modules run there. Nothing is changed for a CPU target or a measured run (no
+      TargetPaths at all).
 
-    Kernels the host picks inside one call (``mkldnn_rnn_layer``, the CPU's SDPA kernel,
+    Kernels the host picks inside one call (``mkldnn_rnn_layer`` of a direct ``torch.lstm`` call, the CPU's SDPA kernel,
     ``native_batch_norm`` where cuDNN would run) are mapped afterwards by
     :func:`hal.conformance.runtime.predict.target_kernel`, which keeps ``captured_as``.
 
@@ -241,10 +293,12 @@ class TargetPaths:
     installed before: install after the device redirect, remove before it). Not thread-safe.
     """
 
-    def __init__(self, target: str, present: str = "cpu") -> None:
+    def __init__(self, target: str, present: str = "cpu", capture: Optional["OpCapture"] = None) -> None:
         self.target = target
         self.present = present
+        self.capture = capture
         self._saved: list[tuple[Any, str, Any]] = []
+        self._dropout_state = False  # cuDNN's dropout state was initialised (once per process)
 
     _ABSENT = object()
 
@@ -266,7 +320,87 @@ class TargetPaths:
         self._patch(optim_mod, "_get_foreach_kernels_supported_devices", foreach_devices)
         self._install_scaler()
         self._install_dropout()
+        if self.capture is not None:
+            self._install_rnn()
         return self
+
+    def _install_rnn(self) -> None:
+        vf = torch._VF
+        for name in ("gru", "lstm", "rnn_tanh", "rnn_relu"):
+            self._patch(vf, name, self._rnn_call(name, getattr(vf, name)))
+        if self.target == "cuda":
+            self._patch(torch.nn.RNNBase, "flatten_parameters",
+                        self._flatten(vars(torch.nn.RNNBase)["flatten_parameters"]))
+
+    def _flatten(self, real: Any) -> Any:
+        capture, present = self.capture, self.present
+
+        def flatten_parameters(module: Any) -> None:
+            real(module)
+            ws = getattr(module, "_flat_weights", None) or []
+            if not (ws and all(isinstance(w, torch.Tensor) and w.device.type == present for w in ws)
+                    and len({w.dtype for w in ws}) == 1 and ws[0].dtype in _CUDNN_DTYPES
+                    and len({w.data_ptr() for w in ws}) == len(ws) and torch.backends.cudnn.enabled):
+                return
+            why = ("nn.RNNBase.flatten_parameters of a module whose weights are on the device: on CUDA it "
+                   "packs them into cuDNN's weight buffer (under no_grad)")
+            for op in ("aten::_use_cudnn_rnn_flatten_weight", "aten::_cudnn_rnn_flatten_weight"):
+                capture.record_target_op(op, "inference", list(ws), 1, "nn.RNNBase.flatten_parameters", why)
+
+        return flatten_parameters
+
+    def _rnn_call(self, name: str, real: Any) -> Any:
+        paths = self
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            cap = paths.capture
+            if kwargs or cap is None or cap.paused or len(args) < 8 or not isinstance(args[0], torch.Tensor):
+                return real(*args, **kwargs)
+            return paths._run_rnn(name, real, args)
+
+        return call
+
+    def _run_rnn(self, name: str, real: Any, args: tuple) -> Any:
+        from hal.conformance.runtime.predict import rnn_target_ops
+        cap = self.capture
+        packed = isinstance(args[1], torch.Tensor) and (name == "lstm" or isinstance(args[2], torch.Tensor))
+        k = 1 if packed else 0
+        num_layers, dropout, train, bidir = args[4 + k], args[5 + k], args[6 + k], args[7 + k]
+        batch_first = bool(args[8]) if not packed and len(args) > 8 else False
+        x = args[0]
+        steps = int(args[1].numel()) if packed else (x.size(1 if batch_first else 0) if x.dim() == 3 else x.size(0))
+        call_op = f"aten::{name}.{'data' if packed else 'input'}"
+        plan = rnn_target_ops(self.target, call_op, cudnn=bool(torch.backends.cudnn.enabled),
+                              dtype=_dtype_name(x.dtype))
+        flat: list = []
+        _leaves(args, flat)
+        tensors = [t for t in flat if t.is_floating_point()]
+        phase = cap.phase()
+        before = cap.paused_ops
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in flat)
+        cap.paused += 1
+        try:
+            if grad:
+                outs = _RNNCall.apply(_Call(real, args, cap, self, call_op, plan, steps, num_layers, bidir), *flat)
+            else:
+                outs = real(*args)
+        finally:
+            cap.paused -= 1
+        host = cap.paused_ops - before
+        why = (f"the host ran {call_op} as {host} ATen calls (its own decomposition); {plan['why']}")
+        reps = steps * int(num_layers) * (2 if bidir else 1)
+        shapes = [[list(t.shape) for t in flat[:2]]]
+        for op, per in plan["forward"]:
+            cap.record_target_op(op, phase, tensors, reps * per if per else 1, call_op, why, shapes)
+        if train and dropout and plan.get("dropout_init") and not self._dropout_state:
+            self._dropout_state = True
+            for op in plan["dropout_init"]:
+                cap.record_target_op(op, phase, tensors[:1], 1, call_op, why + "; train-mode dropout between layers "
+                                     "initialises its dropout state once")
+        if grad:
+            outs = tuple(outs)
+        return outs
+
 
     def _install_dropout(self) -> None:
         # ATen's dropout runs the fused native_dropout only on CUDA, XPU, lazy and PrivateUse1 tensors
@@ -314,6 +448,7 @@ class TargetPaths:
         self._patch(cuda_amp, "GradScaler", TargetCudaGradScaler)
 
     def remove(self) -> None:
+        self._dropout_state = False
         while self._saved:
             owner, name, value = self._saved.pop()
             if value is self._ABSENT:
@@ -326,3 +461,68 @@ class TargetPaths:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _Call:
+    """One recurrent call run by :class:`_RNNCall`: the real function and its arguments, and what to
+    record for its backward."""
+
+    def __init__(self, real: Any, args: tuple, capture: OpCapture, paths: TargetPaths, call_op: str, plan: dict,
+                 steps: int, num_layers: int, bidir: bool) -> None:
+        self.real, self.args, self.capture, self.paths = real, args, capture, paths
+        self.call_op, self.plan = call_op, plan
+        self.reps = steps * int(num_layers) * (2 if bidir else 1)
+
+    def run(self, tensors: list) -> tuple:
+        it = iter(tensors)
+
+        def rebuild(obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                return next(it)
+            if isinstance(obj, (list, tuple)) and any(isinstance(o, (torch.Tensor, list, tuple)) for o in obj):
+                return type(obj)(rebuild(o) for o in obj)
+            return obj
+
+        return tuple(self.real(*rebuild(list(self.args))))
+
+    def record_backward(self, tensors: list) -> None:
+        cap = self.capture
+        why = f"backward of {self.call_op}; {self.plan['why']}"
+        floats = [t for t in tensors if t.is_floating_point()]
+        for op, per in self.plan["backward"]:
+            cap.record_target_op(op, "backward", floats, self.reps * per if per else 1, self.call_op, why)
+
+
+class _RNNCall(torch.autograd.Function):
+    """Runs a recurrent call on the host with its own autograd graph inside, so that the op capture
+    can record the target's forward *and* backward kernels for it and nothing the host decomposed
+    it into (the capture is paused while the host graph runs). Numerics are the host call's."""
+
+    @staticmethod
+    def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> tuple:
+        needs = ctx.needs_input_grad[1:]
+        ins = [t.detach().requires_grad_() if need else t for t, need in zip(tensors, needs)]
+        with torch.enable_grad():
+            outs = call.run(ins)
+        ctx.call, ctx.ins, ctx.outs = call, ins, outs
+        return tuple(o.detach() for o in outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        call = ctx.call
+        needs = ctx.needs_input_grad[1:]
+        call.record_backward(list(ctx.ins))
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads) if g is not None and o.requires_grad]
+        want = [t for t, need in zip(ctx.ins, needs) if need]
+        call.capture.paused += 1
+        try:
+            got = torch.autograd.grad([o for o, _ in pairs], want, [g for _, g in pairs], allow_unused=True) \
+                if pairs and want else [None] * len(want)
+        finally:
+            call.capture.paused -= 1
+        it = iter(got)
+        return (None,) + tuple(next(it) if need else None for need in needs)

@@ -5,8 +5,10 @@ composite | fallback | unsupported | unknown, with its reason. When that API is 
 op is ``unknown`` with the reason saying so. Measured facts override predictions, and only those are
 ``verified``:
 
-- on a present target, ops that ran on the target's tensors ran natively there (``native``,
-  verified) unless torch_mlu's warning said it fell back (``fallback``, verified) -- the warning
+- on a present target, ops that ran on the target's tensors ran there (verified): ``native`` when
+  the device's dispatch key has a kernel for the op, ``composite`` when PyTorch's composite kernel
+  ran it (:func:`measured_status`: the words a prediction uses), unless torch_mlu's warning said it
+  fell back (``fallback``, verified) -- the warning
   counts only when the run device is an MLU; a run on any other device never yields a verified
   MLU fallback;
 - ``hal.ops`` fallbacks that ran (from :func:`hal.ops.fallback_log`) are ``fallback``, verified.
@@ -79,6 +81,54 @@ def target_kernel(op: str, dtypes: list[str], shapes: list, backend: str,
         if ndim >= 3 and not any(d in ("bfloat16", "float64") for d in dtypes):
             return _BN[op], "the CPU's batch norm; cuDNN runs batch norm of >= 3-d float32/float16 input"
     return None
+
+
+_CELLS = {"gru": ("aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"),
+          "lstm": ("aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl")}
+_SIMPLE = {"rnn_tanh": ("aten::tanh", "aten::tanh_backward"), "rnn_relu": ("aten::relu", "aten::threshold_backward")}
+
+
+def rnn_target_ops(backend: str, call: str, cudnn: bool = True, dtype: str = "float32") -> dict:
+    """What ``backend`` dispatches for one recurrent call ``call`` (``aten::gru.input``,
+    ``aten::lstm.data``, ``aten::rnn_tanh.input``, ...), which a CPU run decomposes into per-step
+    linear/sigmoid/tanh ops (or ``mkldnn_rnn_layer`` for LSTM). Returns ``{"forward": [(op, per)],
+    "backward": [(op, per)], "dropout_init": [op], "why": str}``: ``per`` = 0 for once per call, else
+    that many per time step, layer and direction. From PyTorch's RNN.cpp (2.4 to 2.11) and cudnn/RNN.cpp;
+    the CUDA sets were checked on an H200 (torch 2.11.0+cu130, cuDNN 9.19, reports/fidelity/README.md):
+
+    - cuda with cuDNN enabled (float16/bfloat16/float32/float64): ``_cudnn_rnn`` once per call (its
+      weight buffer is viewed through ``empty`` + ``set_.source_Storage``), ``_cudnn_rnn_backward``;
+      train-mode dropout initialises cuDNN's dropout state once (``_cudnn_init_dropout_state``);
+    - mlu LSTM: torch_mlu registers ``aten::lstm.input``/``lstm.data`` and runs them as ``_cudnn_rnn``
+      (CNNL), backward ``_cudnn_rnn_backward``;
+    - otherwise (mlu GRU/RNN: torch_mlu registers no ``gru.input``/``rnn_*``; cuda with cuDNN off):
+      PyTorch's composite runs on the device's tensors step by step: GRU/LSTM as matmul (``mm``) +
+      ``_thnn_fused_gru_cell``/``_thnn_fused_lstm_cell`` (the branch for CUDA, XPU and PrivateUse1
+      tensors), vanilla RNN as ``addmm`` + ``add_`` + ``tanh``/``relu``."""
+    kind = call.split("::", 1)[-1].split(".", 1)[0]
+    if backend == "cuda" and cudnn and dtype in ("float16", "bfloat16", "float32", "float64"):
+        return {"forward": [("aten::_cudnn_rnn", 0), ("aten::empty.memory_format", 0),
+                            ("aten::set_.source_Storage", 0)],
+                "backward": [("aten::_cudnn_rnn_backward", 0)],
+                "dropout_init": ["aten::_cudnn_init_dropout_state", "aten::random_", "aten::_local_scalar_dense"],
+                "why": "cuDNN runs the whole call as one _cudnn_rnn (backward _cudnn_rnn_backward)"}
+    if backend == "mlu" and kind == "lstm":
+        return {"forward": [("aten::_cudnn_rnn", 0)], "backward": [("aten::_cudnn_rnn_backward", 0)],
+                "why": f"torch_mlu registers aten::lstm.input and aten::lstm.data and runs {call} as _cudnn_rnn (CNNL)"}
+    who = ("torch_mlu registers no " + call if backend == "mlu" else
+           "cuDNN is disabled" if backend == "cuda" else f"no {call} kernel is known for {backend}")
+    if kind in _CELLS:
+        cell, cell_bw = _CELLS[kind]
+        return {"forward": [(cell, 1), ("aten::mm", 2), ("aten::t", 2), ("aten::unbind.int", 0), ("aten::stack", 0)],
+                "backward": [(cell_bw, 1), ("aten::mm", 2), ("aten::t", 2)],
+                "why": f"{who}: PyTorch's composite runs it on the device's tensors step by step as matmul + "
+                       f"{cell.split('::')[1]}"}
+    act, act_bw = _SIMPLE.get(kind, _SIMPLE["rnn_tanh"])
+    return {"forward": [("aten::addmm", 2), ("aten::t", 2), ("aten::add_.Tensor", 1), (act, 1),
+                        ("aten::unbind.int", 0), ("aten::stack", 0)],
+            "backward": [(act_bw, 1), ("aten::mm", 2), ("aten::t", 2), ("aten::sum.dim_IntList", 2)],
+            "why": f"{who}: PyTorch's composite runs it on the device's tensors step by step as addmm + add_ + "
+                   f"{act.split('::')[1]}"}
 
 
 def capability_query() -> tuple[Optional[Callable[..., Any]], str]:
@@ -180,8 +230,8 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
     cache: dict[tuple, dict] = {}
     out = []
     for rec in records:
-        captured_as, why = None, ""
-        if measured is None or rec.get("device_type") != measured["device_type"]:
+        captured_as, why = rec.get("captured_as"), rec.get("why", "")
+        if captured_as is None and (measured is None or rec.get("device_type") != measured["device_type"]):
             mapped = target_kernel(rec["op"], rec["dtypes"], rec.get("shapes", []), backend, arch) \
                 or _equivalent(backend, rec["op"])
             if mapped is not None:
@@ -199,7 +249,7 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
             if measured["device_type"] == "mlu" and _warned(rec["op"], measured.get("mlu_fallbacks", {})):
                 status, reason = "fallback", "torch_mlu warned that it fell back to the CPU (measured)"
             else:
-                status, reason = "native", f"ran on {measured['device_type']} (measured)"
+                status, reason = measured_status(rec["op"], measured["device_type"])
         fallback = status in ("fallback",)
         out.append({"op": rec["op"], "count": rec["count"], "dtypes": rec["dtypes"], "status": status,
                     "reason": reason, "phase": rec["phase"], "modules": rec.get("modules", []),
@@ -223,6 +273,47 @@ def build_ops(records: list[dict], backend: str, steps: int, measured: Optional[
     out.sort(key=lambda o: (_severity(o["status"]), -o["bytes_per_step"], -o["count"], o["op"],
                             PHASE_ORDER.index(o["phase"]) if o["phase"] in PHASE_ORDER else 9))
     return out
+
+
+#: The dispatch key of each device type's own kernels (out-of-tree devices such as torch_mlu's MLU
+#: register theirs under PrivateUse1).
+DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "hpu": "HPU", "meta": "Meta",
+                 "lazy": "Lazy", "ipu": "IPU", "mtia": "MTIA"}
+
+
+def measured_status(op: str, device_type: str) -> tuple[str, str]:
+    """``(status, reason)`` of ``op`` that ran on a present ``device_type`` (verified), in the words
+    of a prediction: ``native`` when the running torch's dispatcher has a kernel registered for the
+    device's dispatch key (:data:`DISPATCH_KEYS`), ``composite`` when it ran through a
+    CompositeExplicitAutograd[NonFunctional] / CompositeImplicitAutograd kernel (an op that PyTorch
+    implements for every backend in other ops), else ``native`` with the reason saying that neither
+    is registered (a fallthrough or the key's backend fallback ran it). From
+    ``torch._C._dispatch_has_kernel_for_dispatch_key`` in the dispatcher's precedence
+    (:func:`hal.capabilities.trace.kernel_kind`)."""
+    key = DISPATCH_KEYS.get(device_type, "PrivateUse1")
+    kind = _kernel_kind(op, key)
+    if kind == "kernel":
+        return "native", f"ran on {device_type} (measured): a {key} kernel is registered for {op}"
+    if kind in ("cea", "cia"):
+        which = "CompositeImplicitAutograd" if kind == "cia" else "CompositeExplicitAutograd"
+        return "composite", f"ran on {device_type} (measured) through PyTorch's {which} kernel of {op}"
+    return "native", (f"ran on {device_type} (measured); the dispatcher has no {key} or composite kernel "
+                      f"registered for {op} (a fallthrough or the {key} fallback ran it)")
+
+
+_KINDS: dict[tuple[str, str], str] = {}
+
+
+def _kernel_kind(op: str, key: str) -> str:
+    kind = _KINDS.get((op, key))
+    if kind is None:
+        try:
+            from hal.capabilities.trace import kernel_kind
+            kind = kernel_kind(op, key)
+        except Exception:  # an op name the dispatcher rejects: no kernel known
+            kind = "-"
+        _KINDS[(op, key)] = kind
+    return kind
 
 
 def _warned(op: str, warned: dict) -> bool:
