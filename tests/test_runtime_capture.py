@@ -121,7 +121,7 @@ def test_build_ops_costs_fallbacks_per_step_and_flags_float64(monkeypatch):
 
     import hal.conformance.runtime.predict as predict
     monkeypatch.setattr(predict, "capability_query",
-                        lambda: (lambda backend, op, dtypes=(): _Status("fallback" if op == "aten::mode" else "native"), ""))
+                        lambda: (lambda backend, op, dtypes=(), arch=None: _Status("fallback" if op == "aten::mode" else "native"), ""))
     records = [{"op": "aten::mode", "phase": "forward", "device_type": "cpu", "count": 6, "bytes": 600,
                 "dtypes": ["float64"], "modules": [], "shapes": []},
                {"op": "aten::addmm", "phase": "forward", "device_type": "cpu", "count": 3, "bytes": 300,

@@ -287,10 +287,15 @@ def measured_status(op: str, device_type: str) -> tuple[str, str]:
     device's dispatch key (:data:`DISPATCH_KEYS`), ``composite`` when it ran through a
     CompositeExplicitAutograd[NonFunctional] / CompositeImplicitAutograd kernel (an op that PyTorch
     implements for every backend in other ops), else ``native`` with the reason saying that neither
-    is registered (a fallthrough or the key's backend fallback ran it). From
+    is registered (a fallthrough or the key's backend fallback ran it), and ``native`` when the key
+    has no backend loaded at all (no ``empty`` kernel: a stand-in device). From
     ``torch._C._dispatch_has_kernel_for_dispatch_key`` in the dispatcher's precedence
     (:func:`hal.capabilities.trace.kernel_kind`)."""
     key = DISPATCH_KEYS.get(device_type, "PrivateUse1")
+    if _kernel_kind("aten::empty.memory_format", key) != "kernel":
+        # every real backend registers empty: a key without it has no backend loaded in this process
+        # (a stand-in device), so the dispatcher cannot say which kernel ran on the device
+        return "native", f"ran on {device_type} (measured); no {key} kernels are registered in this process"
     kind = _kernel_kind(op, key)
     if kind == "kernel":
         return "native", f"ran on {device_type} (measured): a {key} kernel is registered for {op}"
