@@ -221,6 +221,12 @@ def _cuda_graph_class(redirect: Any, name: str) -> type:
         def debug_dump(self, *_a: Any) -> None:
             pass
 
+    # every other public method of the running torch's CUDAGraph (hook registration, raw handles,
+    # get_graph_data) is a no-op: nothing is captured, so no hook ever runs
+    real = getattr(torch.cuda, "CUDAGraph", None)
+    for attr in dir(real) if isinstance(real, type) else ():
+        if not attr.startswith("_") and not hasattr(CUDAGraph, attr) and callable(getattr(real, attr, None)):
+            setattr(CUDAGraph, attr, lambda self, *_a, **_k: None)
     CUDAGraph.__module__ = "torch.cuda"
     return CUDAGraph
 
@@ -322,6 +328,12 @@ LEFT_AS_IS: dict[str, str] = {
     "sparse": "namespace of CUDA sparse helpers: nothing device-specific is called at import",
     "tunable": "namespace: TunableOp settings are plain switches (no device work)",
     "profiler": "namespace: start()/stop() drive the CUDA profiler; use torch.profiler",
+    "graph_annotations": "namespace (torch >= 2.14): mark_kernels is a no-op outside a CUDA graph capture, and "
+                         "the CUDAGraph stand-in never captures",
+    "export_dot": "returns a CUDAGraph capture-end hook (torch >= 2.14); making it does no device work and the "
+                  "CUDAGraph stand-in accepts and never runs hooks",
+    "export_graph_data": "returns a CUDAGraph post-instantiate hook (torch >= 2.14); making it does no device work "
+                         "and the CUDAGraph stand-in accepts and never runs hooks",
 }
 
 #: name -> why the audit deliberately does not redirect it (a call fails as it would without CUDA).
