@@ -12,8 +12,16 @@ Each program is copied (without .git) into a scratch folder, given a tiny genera
 it needs one (nothing is downloaded), and audited with small arguments, a --steps bound and a
 --timeout. The table: program, exit code, run.status, stopped_by, ops, seconds, the first error
 line; the JSON adds the repository commit of every program, the torch version and the command.
-A program whose own dependency is not installed here (torchvision, matplotlib, tiktoken) is listed
-with cause "environment": it would fail the same way on a CUDA machine without that package.
+
+Each row runs under the interpreter :data:`RUNS_UNDER` names for it (``--python KIND=PATH``; by
+default ``.venvv/bin/python`` for ``tv`` and ``.venv24/bin/python`` for ``t24`` in this checkout,
+else the interpreter running this script), and the table says which torch that was.
+
+Cause of a failure: "environment" when the program's own dependency is not installed here
+(torchvision, matplotlib, tiktoken: it would fail the same way on a CUDA machine without it);
+otherwise the program is also run plainly (``python script args``, no auditor, in a fresh copy with
+the same data and interpreter): "program (fails without the audit too)" when that fails with the same
+exception, else "audit or program". The audit is never blamed for a program's own failure.
 """
 from __future__ import annotations
 
@@ -84,8 +92,12 @@ def _mnist_data(work: Path) -> None:
 
 
 def _sine_data(work: Path) -> None:
-    """traindata.pt as the example's own generate_sine_wave.py makes it."""
-    subprocess.run([sys.executable, "generate_sine_wave.py"], cwd=work, check=True, capture_output=True)
+    """traindata.pt as the example's own generate_sine_wave.py makes it (a pickled float64 numpy array of
+    noisy sine waves), with 8 waves of 100 points instead of 100 of 1000 (its full size takes minutes here)."""
+    import torch
+    rng = np.random.default_rng(2)
+    x = np.arange(100)[None, :] + rng.integers(-80, 80, size=(8, 1))
+    torch.save(np.sin(x / 20.0).astype("float64"), str(work / "traindata.pt"))
 
 
 NANO = ["--dataset=tiny", "--batch_size=2", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
@@ -132,6 +144,16 @@ PROGRAMS = [
 
 _ENV_ERRORS = ("ModuleNotFoundError", "No module named")
 
+#: program -> (interpreter kind, why). Rows not listed run under the interpreter running this script.
+RUNS_UNDER = {
+    **{name: ("tv", "torchvision 0.29.1 needs torch 2.14.1; torch 2.13's CPU build cannot import it beside it")
+       for name in ("examples mnist", "examples dcgan", "examples vae", "examples imagenet (--dummy)")},
+    "examples time_sequence_prediction": (
+        "t24", "its torch.load of a pickled numpy array fails on torch >= 2.6 (weights_only=True by default) "
+               "without the audit too; torch 2.4.1 is the torch torch_mlu users run"),
+}
+_DEFAULT_VENVS = {"tv": ".venvv", "t24": ".venv24"}
+
 
 def _commit(repo: Path) -> str:
     try:
@@ -176,12 +198,66 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
     run = report.get("run") or {}
     error = _first_error(report, p.stderr)
     tail = " ".join(run.get("output_tail") or [])
-    cause = "" if run.get("status") == "ok" else (
-        "environment" if any(e in error or e in tail for e in _ENV_ERRORS) else "audit or program")
+    plain: dict = {}
+    if run.get("status") == "ok":
+        cause = ""
+    elif any(e in error or e in tail for e in _ENV_ERRORS):
+        cause = "environment"
+    else:
+        plain = run_plainly(entry, corpus, scratch / "plain", timeout, python)
+        same = plain["exit"] != 0 and _exception(error) and _exception(error) == _exception(plain["error"])
+        cause = "program (fails without the audit too)" if same else "audit or program"
     return {**row, "exit": p.returncode, "status": run.get("status", "-"), "stopped_by": run.get("stopped_by"),
             "ops": len(report.get("ops") or []), "seconds": seconds, "error": error, "cause": cause,
             "runtime_findings": sum(1 for f in report.get("findings") or [] if f.get("rule", "").startswith("runtime-")),
-            "command": " ".join(["hal-audit", *cmd[1:]])}
+            "command": " ".join(["hal-audit", *cmd[1:]]),
+            **({"plain_exit": plain["exit"], "plain_error": plain["error"]} if plain else {})}
+
+
+def _exception(error: str) -> str:
+    """The exception name an error line starts with (``UnpicklingError``), or ''."""
+    head = error.split(":", 1)[0].strip()
+    return head.rsplit(".", 1)[-1] if head.replace(".", "").replace("_", "").isalnum() else ""
+
+
+def run_plainly(entry: tuple, corpus: Path, scratch: Path, timeout: float, python: str) -> dict:
+    """The program as its users run it, without the auditor: ``{"exit", "error"}`` (the last line of
+    its stderr; "timeout" after ``timeout`` s). On this machine a CUDA-only program may fail for lack
+    of CUDA: only the same exception as under the audit counts as the program's own failure."""
+    name, repo, folder, script, args, data, _steps, env = entry
+    work = scratch / "".join(c if c.isalnum() else "_" for c in name)
+    shutil.copytree(corpus / repo / folder, work, ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True)
+    if data is not None:
+        data(work)
+    try:
+        p = subprocess.run([python, script, *args], cwd=work, capture_output=True, text=True,
+                           env={**os.environ, **env}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"exit": None, "error": f"timeout after {timeout:g} s"}
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    return {"exit": p.returncode, "error": " ".join(lines[-1].split())[:160] if p.returncode and lines else ""}
+
+
+def interpreters(given: list[str]) -> dict[str, str]:
+    """``{kind: python}`` from ``--python KIND=PATH`` and the default venvs of this checkout."""
+    out = {kind: str(ROOT / venv / "bin" / "python") for kind, venv in _DEFAULT_VENVS.items()
+           if (ROOT / venv / "bin" / "python").exists()}
+    for item in given:
+        kind, _, path = item.partition("=")
+        if not path:
+            raise SystemExit(f"corpus.py: --python wants KIND=PATH, not {item!r}")
+        out[kind] = path
+    return out
+
+
+_TORCH: dict[str, str] = {}
+
+
+def torch_version(python: str) -> str:
+    if python not in _TORCH:
+        p = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+        _TORCH[python] = p.stdout.strip() or "?"
+    return _TORCH[python]
 
 
 def main() -> None:
@@ -191,13 +267,20 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--only", nargs="*", help="substrings of program names to run")
     ap.add_argument("--merge", action="store_true", help="keep the other programs' rows already in --out")
+    ap.add_argument("--python", action="append", default=[], metavar="KIND=PATH",
+                    help="the interpreter for the rows RUNS_UNDER gives that kind (tv, t24)")
     a = ap.parse_args()
-    import torch
+    pythons = interpreters(a.python)
     progs = [p for p in PROGRAMS if not a.only or any(s.lower() in p[0].lower() for s in a.only)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="hal-corpus-") as d:
         for entry in progs:
-            row = {**run_program(entry, Path(a.corpus), Path(d), a.timeout, sys.executable), "torch": torch.__version__}
+            kind, why = RUNS_UNDER.get(entry[0], (None, ""))
+            python = pythons.get(kind, sys.executable) if kind else sys.executable
+            if kind and kind not in pythons:
+                print(f"{entry[0]}: no {kind} interpreter (--python {kind}=PATH); using {sys.executable}", flush=True)
+            row = {**run_program(entry, Path(a.corpus), Path(d), a.timeout, python), "torch": torch_version(python),
+                   **({"runs_under": why} if kind in pythons else {})}
             rows.append(row)
             print(f"{row['program']}: exit {row['exit']} {row['status']} ops {row['ops']} {row['seconds']} s "
                   f"{row['error'][:100]}", flush=True)
@@ -205,8 +288,8 @@ def main() -> None:
         fresh = {r["program"]: r for r in rows}
         previous = json.loads(Path(a.out).read_text())
         old = [{"torch": previous["meta"].get("torch", "?"), **r} for r in previous["results"]]
-        rows = [fresh.pop(r["program"], r) for r in old] + list(fresh.values())
-    meta = {"torch": ", ".join(sorted({r.get("torch", torch.__version__) for r in rows})),
+        rows = [fresh.pop(r["program"], {**r, "kept": True}) for r in old] + list(fresh.values())
+    meta = {"torch": ", ".join(sorted({r.get("torch", "?") for r in rows})),
             "python": platform.python_version(), "platform": platform.platform(),
             "corpus": a.corpus, "timeout_s": a.timeout}
     write_tables(rows, meta, Path(a.out))
@@ -222,8 +305,9 @@ def write_tables(rows: list[dict], meta: dict, out: Path) -> None:
                      tablefmt="github")
     ok = sum(r["status"] == "ok" for r in rows)
     env_fail = sum(r.get("cause") == "environment" for r in rows)
-    summary = (f"{ok}/{len(rows)} ok; {env_fail} failed for a dependency not installed here; "
-               f"{len(rows) - ok - env_fail} other failures")
+    own_fail = sum(str(r.get("cause")).startswith("program") for r in rows)
+    summary = (f"{ok}/{len(rows)} ok; {env_fail} failed for a dependency not installed here; {own_fail} failed "
+               f"without the audit too; {len(rows) - ok - env_fail - own_fail} other failures")
     print(table)
     print(summary)
     meta = {**meta, "summary": summary}
@@ -231,10 +315,15 @@ def write_tables(rows: list[dict], meta: dict, out: Path) -> None:
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     commits = sorted({(r["repo"], r["commit"]) for r in rows})
     md = ["# Corpus: hal-audit --device mlu on public CUDA programs", "",
-          f"torch {meta['torch']} (per row: the torchvision programs ran with torch 2.14.1+cu130 and torchvision "
-          f"0.29.1, which torch 2.13's CPU build cannot import beside it), Python {meta['python']}, "
-          f"{meta['platform']}; CPU only (every MLU status is predicted). Generated by `python benchmarks/corpus.py`.",
-          "", table, "", summary, "",
+          f"torch {meta['torch']} (the torch column says which ran each row; the notes below say why a row "
+          f"ran under another torch), Python {meta['python']}, {meta['platform']}; CPU only (every MLU status is "
+          f"predicted). Generated by `python benchmarks/corpus.py`.",
+          "", table, "", summary, ""]
+    notes = [f"- {r['program']}: torch {r.get('torch')}: {r['runs_under']}" for r in rows if r.get("runs_under")]
+    notes += [f"- {r['program']}: kept from an earlier run (not run this time)" for r in rows if r.get("kept")]
+    notes += [f"- {r['program']}: without the audit, exit {r['plain_exit']}: {r.get('plain_error') or '-'}"
+              for r in rows if "plain_exit" in r]
+    md += (["Notes:", "", *notes, ""] if notes else []) + [
           "Programs came from (never committed here):", ""]
     md += [f"- {repo} @ {commit}" for repo, commit in commits]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")

@@ -166,6 +166,9 @@ def test_mp_spawn_ranks_run_with_the_redirect_and_nccl_bound_at_import():
                       "steps": None, "timeout": 180, "out": None})
     assert s["run"]["status"] == "ok", s["run"]
     assert s["run"]["output_tail"][-2:] == ["rank 0 trained", "spawn done"]
+    # the worker ran under the capture too: its ops are the run's (the parent itself ran none)
+    assert [w["status"] for w in s["run"]["spawned"]] == ["ok"] and s["run"]["optimizer_steps"] == 2
+    assert any(o["op"] == "aten::addmm" and o["phase"] == "forward" for o in s["ops"])
 
 
 def test_function_stand_ins_look_like_the_originals():
@@ -188,3 +191,52 @@ def test_function_stand_ins_look_like_the_originals():
     finally:
         r.remove()
     assert all(getattr(torch.cuda, n) is f for n, f in originals.items())
+
+
+def test_every_torch_accelerator_public_name_is_redirected_or_listed_with_a_reason():
+    """torch.accelerator (torch >= 2.6): its __all__, its submodules and theirs, of the running torch."""
+    names = cuda_api.accelerator_names()
+    if not hasattr(torch, "accelerator"):  # torch 2.4: nothing to redirect, and install is a no-op
+        assert names == [] and cuda_api.install_accelerator(object()) == {}
+        return
+    assert {"is_available", "current_accelerator", "device_index", "memory"} <= set(names)
+    unknown = sorted(n for n in names if cuda_api.classify_accelerator(n) == "unknown")
+    assert unknown == [], f"torch {torch.__version__}: torch.accelerator names neither redirected nor listed: {unknown}"
+    for table in (cuda_api.ACCELERATOR_LEFT_AS_IS, cuda_api.ACCELERATOR_UNSUPPORTED):
+        assert all(isinstance(r, str) and len(r) > 10 for r in table.values())
+
+
+def test_torch_accelerator_answers_as_the_cuda_machine_and_is_restored():
+    from hal.conformance.runtime.redirect import DeviceRedirect
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        r = DeviceRedirect("cpu")
+        r.install()
+        r.remove()
+        assert not hasattr(torch, "accelerator") and not any(k.startswith("accelerator.") for k in r.stand_ins)
+        return
+    subs = [getattr(acc, s) for s in ("memory", "random", "graphs") if hasattr(acc, s)]
+    originals = {(m, n): getattr(m, n) for m in (acc, *subs) for n in dir(m) if n in cuda_api.ACCELERATOR_STAND_INS}
+    real_device_index = acc.device_index
+    r = DeviceRedirect("cpu")
+    r.install()
+    try:
+        assert acc.is_available() is True and acc.current_accelerator() == torch.device("cuda")
+        assert acc.device_count() == 1 and acc.current_device_index() == 0
+        assert issubclass(acc.device_index, real_device_index)
+        with acc.device_index(0):
+            acc.synchronize()
+        assert isinstance(acc.current_stream(), torch.Stream)
+        assert acc.memory.memory_allocated() == 0 and acc.get_memory_info()[0] > 0
+        assert torch.float16 in acc.get_device_capability()["supported_dtypes"]
+        with acc.Graph() as _g:
+            y = torch.ones(2) * 2
+        assert y.sum().item() == 4.0
+        patched = [k for k, v in originals.items() if getattr(*k) is v]
+        assert patched == [], f"left unpatched: {patched}"
+        # a test is a program here (its file is outside torch and HAL): each call is recorded
+        assert {k[0] for k in r.records} >= {"runtime-redirect-accelerator", "runtime-redirect-cuda-graph"}
+    finally:
+        r.remove()
+    assert all(getattr(*k) is v for k, v in originals.items())
+    assert acc.device_index is real_device_index

@@ -1,9 +1,10 @@
 """The audit's child process: ``python -m hal.conformance.runtime.child SPEC.json``.
 
 Reads the spec the parent wrote (target, kind, run device, steps, result path), installs the step
-limiter, the device redirect (when CUDA must be sent elsewhere) and the op capture, runs the
-program, and writes ``{"run", "ops", "findings", "mlu_fallbacks", "hal_fallbacks"}`` to the result
-path atomically (temp file + rename) — also when the program raises, calls ``sys.exit`` or
+limiter, the device redirect (when CUDA must be sent elsewhere), the op capture and the same for
+the program's ``mp.spawn`` workers (:mod:`.spawned`, merged into the result), runs the program,
+and writes ``{"run", "ops", "findings", "mlu_fallbacks", "hal_fallbacks"}`` to the result path
+atomically (temp file + rename) — also when the program raises, calls ``sys.exit`` or
 ``os._exit``, or receives SIGTERM from the parent's timeout. Only a hard crash (a signal such as
 SIGSEGV, or SIGKILL) leaves no result; the parent then reports from the exit status alone.
 Everything the program prints goes to this process's stdout/stderr, which the parent tails; the
@@ -53,6 +54,12 @@ class _State:
         self.cell: Optional[int] = None  # the notebook cell running now
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
+        """This process's result with the ``mp.spawn`` workers' results merged in (:mod:`.spawned`)."""
+        from hal.conformance.runtime import spawned
+        workers = spawned.read(os.path.dirname(self.spec["result_path"]))
+        return spawned.merge(self._own_result(status, error, exit_code), workers)
+
+    def _own_result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         ops = self.capture.records() if self.capture is not None else []
         return {"run": {"status": status, "error": error, "exit_code": exit_code,
                         "steps": self.limiter.steps if self.limiter else 0,
@@ -337,9 +344,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         from hal.conformance.runtime.redirect import DeviceRedirect
         state.redirect = DeviceRedirect(spec["run_device"])
     status, error, code = "ok", None, None
+    from hal.conformance.runtime import spawned
+    spawn_patches: list = []
     try:
         modules.install()
         limiter.install()
+        spawn_patches = spawned.install({"run_device": spec["run_device"], "redirect_cuda": spec.get("redirect_cuda"),
+                                         "steps": spec.get("steps"), "threads": spec.get("threads"),
+                                         "folder": os.path.dirname(spec["result_path"])})
         if state.redirect is not None:
             state.redirect.install()
         capture.__enter__()
@@ -375,6 +387,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 pass
     if state.redirect is not None:
         state.redirect.remove()
+    spawned.remove(spawn_patches)
     modules.remove()
     limiter.remove()
     _flush_quietly()

@@ -22,6 +22,7 @@ calling ``torch.cuda.manual_seed_all``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -220,6 +221,12 @@ def _cuda_graph_class(redirect: Any, name: str) -> type:
         def debug_dump(self, *_a: Any) -> None:
             pass
 
+    # every other public method of the running torch's CUDAGraph (hook registration, raw handles,
+    # get_graph_data) is a no-op: nothing is captured, so no hook ever runs
+    real = getattr(torch.cuda, "CUDAGraph", None)
+    for attr in dir(real) if isinstance(real, type) else ():
+        if not attr.startswith("_") and not hasattr(CUDAGraph, attr) and callable(getattr(real, attr, None)):
+            setattr(CUDAGraph, attr, lambda self, *_a, **_k: None)
     CUDAGraph.__module__ = "torch.cuda"
     return CUDAGraph
 
@@ -321,6 +328,12 @@ LEFT_AS_IS: dict[str, str] = {
     "sparse": "namespace of CUDA sparse helpers: nothing device-specific is called at import",
     "tunable": "namespace: TunableOp settings are plain switches (no device work)",
     "profiler": "namespace: start()/stop() drive the CUDA profiler; use torch.profiler",
+    "graph_annotations": "namespace (torch >= 2.14): mark_kernels is a no-op outside a CUDA graph capture, and "
+                         "the CUDAGraph stand-in never captures",
+    "export_dot": "returns a CUDAGraph capture-end hook (torch >= 2.14); making it does no device work and the "
+                  "CUDAGraph stand-in accepts and never runs hooks",
+    "export_graph_data": "returns a CUDAGraph post-instantiate hook (torch >= 2.14); making it does no device work "
+                         "and the CUDAGraph stand-in accepts and never runs hooks",
 }
 
 #: name -> why the audit deliberately does not redirect it (a call fails as it would without CUDA).
@@ -385,4 +398,146 @@ def install(redirect: Any) -> dict[str, Any]:
         for mod in submodules:
             if getattr(mod, name, None) is original:
                 redirect._patch(mod, name, value)
+    return made
+
+
+# -- torch.accelerator (torch >= 2.6) -------------------------------------------------------------
+# The device-generic API that newer programs use instead of torch.cuda (pytorch/examples mnist, vae,
+# dcgan, imagenet: ``torch.accelerator.is_available()`` then ``current_accelerator()``). During the
+# audit it answers like the one-GPU CUDA machine the torch.cuda stand-ins describe, so the program
+# takes its accelerator path with device type "cuda", which the redirect sends to the present device.
+# Each call the program makes is a ``runtime-redirect-accelerator`` finding. torch 2.4 has no
+# torch.accelerator: :func:`install_accelerator` is then a no-op.
+
+ACCELERATOR_RULE = "runtime-redirect-accelerator"
+
+
+def _acc(value: Any) -> Callable[[Any, str], Any]:
+    """A torch.accelerator function that records the call and returns ``value`` (called when it is a factory)."""
+    def make(redirect: Any, name: str) -> Any:
+        def stand_in(*_a: Any, **_k: Any) -> Any:
+            redirect.api_call(name, rule=ACCELERATOR_RULE)
+            return value() if callable(value) else value
+        stand_in.__name__ = stand_in.__qualname__ = name
+        return stand_in
+    return make
+
+
+def _acc_stream(redirect: Any, name: str) -> Any:
+    def current_stream(*_a: Any, **_k: Any) -> Any:
+        redirect.api_call(name, rule=ACCELERATOR_RULE)
+        with redirect.quiet():
+            return _STREAM[0]()
+    return current_stream
+
+
+def _acc_device_index(redirect: Any, name: str) -> type:
+    real = torch.accelerator.device_index
+
+    def __init__(self: Any, device: Any = None, /) -> None:
+        redirect.api_call(name, rule=ACCELERATOR_RULE)
+        self.idx, self.prev_idx = device, -1
+
+    return type("device_index", (real,), {"__init__": __init__, "__enter__": lambda self: None,
+                                          "__exit__": lambda self, *exc: None, "__module__": "torch.accelerator",
+                                          "__doc__": "Audit stand-in for torch.accelerator.device_index: "
+                                                     "one device, nothing to switch."})
+
+
+def _acc_graph(redirect: Any, name: str) -> type:
+    """torch.accelerator.Graph: captured work runs eagerly once (a context manager too)."""
+    base = _cuda_graph_class(redirect, name)
+
+    def __init__(self: Any, *_a: Any, **_k: Any) -> None:
+        redirect.api_call(name, rule=ACCELERATOR_RULE)
+        redirect.record("runtime-redirect-cuda-graph")
+
+    return type("Graph", (base,), {"__init__": __init__, "__enter__": lambda self: self,
+                                   "__exit__": lambda self, *exc: False, "instantiate": lambda self: None,
+                                   "__module__": "torch.accelerator"})
+
+
+#: dtypes a CUDA device reports through ``torch.accelerator.get_device_capability()``.
+_CUDA_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int64", "int32",
+                "int16", "int8", "uint8", "bool")
+
+#: name -> maker(redirect, name) of what replaces ``torch.accelerator.<name>`` (and the same object in
+#: its ``memory``/``random``/``graphs`` submodules) during the audit.
+ACCELERATOR_STAND_INS: dict[str, Callable[[Any, str], Any]] = {
+    "is_available": _acc(True), "current_accelerator": _acc(lambda: torch.device("cuda")),
+    "device_count": _acc(1), "current_device_index": _acc(0), "current_device_idx": _acc(0),
+    "set_device_index": _acc(None), "set_device_idx": _acc(None), "device_index": _acc_device_index,
+    "get_device_capability": _acc(lambda: {"supported_dtypes": {getattr(torch, d) for d in _CUDA_DTYPES}}),
+    "current_stream": _acc_stream, "set_stream": _acc(None), "synchronize": _acc(None),
+    "Graph": _acc_graph,
+    # memory
+    "empty_cache": _acc(None), "empty_host_cache": _acc(None),
+    "get_memory_info": _acc(lambda: (_host_memory(), _host_memory())),
+    "memory_allocated": _acc(0), "max_memory_allocated": _acc(0), "memory_reserved": _acc(0),
+    "max_memory_reserved": _acc(0), "memory_stats": _acc(lambda: collections.OrderedDict()),
+    "reset_accumulated_memory_stats": _acc(None), "reset_peak_memory_stats": _acc(None),
+    # random (torch.accelerator.random, torch >= 2.14): the CUDA generator's work runs on the CPU one
+    "initial_seed": _acc(lambda: torch.initial_seed()), "get_rng_state": _acc(lambda: torch.get_rng_state()),
+    "get_rng_state_all": _acc(lambda: [torch.get_rng_state()]),
+}
+
+#: name -> why it works unchanged without a GPU.
+ACCELERATOR_LEFT_AS_IS: dict[str, str] = {
+    "memory": "namespace: its functions are redirected by their torch.accelerator names (same objects)",
+    "graphs": "namespace: Graph is redirected by its torch.accelerator name (same object)",
+    "random": "namespace: its functions are redirected (patched in the namespace itself)",
+}
+
+#: name -> why the audit deliberately does not redirect it.
+ACCELERATOR_UNSUPPORTED: dict[str, str] = {}
+
+_ACCELERATOR_SUBMODULES = ("memory", "random", "graphs")
+
+
+def accelerator_names() -> list[str]:
+    """Every public name of the running torch's ``torch.accelerator``: its ``__all__``, its public
+    submodules and their ``__all__`` ([] on torch < 2.6, which has no torch.accelerator)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        return []
+    names = set(getattr(acc, "__all__", ()))
+    for sub in _ACCELERATOR_SUBMODULES:
+        mod = getattr(acc, sub, None)
+        if inspect.ismodule(mod):
+            names.add(sub)
+            names.update(getattr(mod, "__all__", ()))
+    return sorted(names)
+
+
+def classify_accelerator(name: str) -> str:
+    """``"stand-in"``, ``"left-as-is"``, ``"unsupported"`` or ``"unknown"`` for a torch.accelerator name."""
+    if name in ACCELERATOR_STAND_INS:
+        return "stand-in"
+    if name in ACCELERATOR_LEFT_AS_IS:
+        return "left-as-is"
+    if name in ACCELERATOR_UNSUPPORTED:
+        return "unsupported"
+    return "unknown"
+
+
+def install_accelerator(redirect: Any) -> dict[str, Any]:
+    """Replace every :data:`ACCELERATOR_STAND_INS` name the running ``torch.accelerator`` (or one of
+    its submodules) has; return ``{name: stand-in}``. No-op (``{}``) without torch.accelerator."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        return {}
+    submodules = [m for m in (getattr(acc, s, None) for s in _ACCELERATOR_SUBMODULES) if inspect.ismodule(m)]
+    made: dict[str, Any] = {}
+    for name in sorted(ACCELERATOR_STAND_INS):
+        owners = [m for m in (acc, *submodules) if hasattr(m, name)]
+        if not owners:
+            continue
+        original = getattr(owners[0], name)
+        value = ACCELERATOR_STAND_INS[name](redirect, name)
+        if inspect.isfunction(value) and callable(original):
+            functools.update_wrapper(value, original)
+        made[name] = value
+        for owner in owners:
+            if getattr(owner, name) is original or owner is acc:
+                redirect._patch(owner, name, value)
     return made

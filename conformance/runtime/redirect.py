@@ -16,7 +16,11 @@ should take its real CUDA code path (so the audit sees its real op mix), so:
 - ``torch.cuda.amp.autocast`` / ``torch.autocast("cuda")`` autocast on the present device
   (bfloat16 on the CPU: a dtype change, reported as a warning);
 - ``torch.cuda.amp.GradScaler`` / ``torch.amp.GradScaler("cuda")`` become disabled scalers;
-- ``torch.distributed.init_process_group("nccl")`` uses gloo, and DDP drops CUDA ``device_ids``.
+- ``torch.distributed.init_process_group("nccl")`` uses gloo, and DDP drops CUDA ``device_ids``;
+- ``torch.accelerator`` (torch >= 2.6) answers like the one-GPU CUDA machine (:mod:`.cuda_api`,
+  complete by construction too);
+- ``nn.DataParallel`` runs its module as a single replica on the CPU (torch's own no-GPU path);
+- ``torch.Generator("cuda")`` makes a CPU generator (``isinstance`` still holds for real ones).
 
 Every redirect is recorded once per (rule, source line) with a count, as a finding whose path and
 line are the first stack frame outside torch, HAL and the standard library (the user's line).
@@ -51,6 +55,8 @@ def _package_dirs() -> set[str]:
 
 
 _SKIP_DIRS = tuple(os.path.realpath(p) + os.sep for p in _package_dirs())
+_HAL_DIRS = tuple(p for p in _SKIP_DIRS if p != os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+                  and p != os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 RULES = {
     "runtime-redirect-cuda-device": ("info", "CUDA device use ran on {dev} during the audit",
@@ -77,6 +83,20 @@ RULES = {
                                  "check the target's torch.compile backend (torch_mlu ships one) on the device"),
     "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
                                         "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
+    "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a one-GPU CUDA machine during "
+                                     "the audit (the program ran on {dev})",
+                                     "torch.accelerator exists from torch 2.6 on; the torch_mlu releases in the "
+                                     "reference (1.22, up to torch 2.4) have none, so this line raises AttributeError "
+                                     "there: use torch.mlu / hal.get_backend(), or fall back when "
+                                     "hasattr(torch, 'accelerator') is False"),
+    "runtime-redirect-data-parallel": ("warning", "nn.DataParallel(device_ids={asked}) ran its module as a single "
+                                       "replica on {dev} during the audit (no scatter, replicate or gather)",
+                                       "use DistributedDataParallel with one process per MLU and the cncl backend "
+                                       "(hal.collectives): old torch_mlu needed its own MLUDataParallel, and "
+                                       "DataParallel's multi-device scatter/replicate is not verified on MLU"),
+    "runtime-redirect-generator": ("info", "torch.Generator(device={asked!r}) made a {dev} generator during the audit",
+                                   "make the generator on the target (torch.Generator('mlu'); torch_mlu converts it "
+                                   "to a CPU generator for some ops)"),
 }
 
 
@@ -90,7 +110,7 @@ def user_frame() -> tuple[str, int]:
             real = os.path.realpath(path)
             if not real.startswith(_SKIP_DIRS) and "site-packages" not in real:
                 return path, f.f_lineno
-            if not fallback[0]:
+            if not fallback[0] and not real.startswith(_HAL_DIRS):  # a thread torch started: torch's line
                 fallback = (path, f.f_lineno)
         f = f.f_back
     return fallback
@@ -174,10 +194,11 @@ class DeviceRedirect(TorchFunctionMode):
         stand_in.__name__ = what
         return stand_in
 
-    def api_call(self, what: str) -> None:
-        """Record ``torch.cuda.<what>`` as a finding when the program itself made the call."""
+    def api_call(self, what: str, rule: str = "runtime-redirect-cuda-api") -> None:
+        """Record ``torch.cuda.<what>`` (``rule`` runtime-redirect-accelerator: ``torch.accelerator.<what>``)
+        as a finding when the program itself made the call (the stand-in's caller is not torch)."""
         if self._quiet == 0 and self.called_by_program(depth=3):
-            self.record("runtime-redirect-cuda-api", what=what)
+            self.record(rule, what=what)
 
     @staticmethod
     def called_by_program(depth: int = 2) -> bool:
@@ -202,6 +223,7 @@ class DeviceRedirect(TorchFunctionMode):
     def install(self) -> None:
         from hal.conformance.runtime import cuda_api
         self.stand_ins = cuda_api.install(self)
+        self.stand_ins.update({f"accelerator.{k}": v for k, v in cuda_api.install_accelerator(self).items()})
         nvtx = getattr(torch.cuda, "nvtx", None)
         if nvtx is not None:
             for name, result in [("range_push", 0), ("range_pop", 0), ("mark", None),
@@ -213,25 +235,63 @@ class DeviceRedirect(TorchFunctionMode):
         self._install_compile()
         self._install_amp()
         self._install_distributed()
-        self._install_spawn()
+        self._install_data_parallel()
+        self._install_generator()
         self.__enter__()
 
-    def _install_spawn(self) -> None:
-        """Processes started by ``torch.multiprocessing.spawn``/``start_processes`` (DDP tutorials)
-        begin in a fresh interpreter: their function is wrapped so they install the redirect first
-        (their ops and findings are not captured; only the audited process is)."""
-        mod = sys.modules.get("torch.multiprocessing.spawn")
-        if mod is None or not hasattr(mod, "start_processes"):
+    def _install_generator(self) -> None:
+        """``torch.Generator("cuda")`` / ``torch.Generator(device=torch.device("cuda", 1))`` make a
+        generator on the present device. ``torch.Generator`` becomes a subclass whose metaclass answers
+        isinstance/issubclass for every real generator (``torch.default_generator``, a DataLoader's)."""
+        if self.device != "cpu":
             return
-        real = mod.start_processes
-        device = self.device
+        real = torch.Generator
+        redirect = self
 
-        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            return real(SpawnedWithRedirect(fn, device), *args, **kwargs)
+        class _GeneratorMeta(type(real)):  # type: ignore[misc]
+            def __instancecheck__(cls, obj: Any) -> bool:
+                return isinstance(obj, real)
 
-        self._patch(mod, "start_processes", start_processes)
-        import torch.multiprocessing as tmp
-        self._patch(tmp, "start_processes", start_processes)
+            def __subclasscheck__(cls, sub: type) -> bool:
+                return issubclass(sub, real)
+
+        def __new__(cls: type, device: Any = "cpu") -> Any:
+            if _is_cuda(device) or (isinstance(device, int) and not isinstance(device, bool)):
+                redirect.record("runtime-redirect-generator", asked=str(device))
+                device = redirect.device
+            return real.__new__(cls, device)
+
+        generator = _GeneratorMeta("Generator", (real,), {
+            "__new__": __new__, "__init__": lambda self, device="cpu": None, "__module__": "torch",
+            "__doc__": "Audit stand-in for torch.Generator: a CUDA generator is made on the present device."})
+        self._patch(torch, "Generator", generator)
+
+    def _install_data_parallel(self) -> None:
+        """``nn.DataParallel`` (and ``nn.parallel.data_parallel``) run the module as one replica on the
+        present device: their device-type probe answers None, which is torch's own no-GPU path."""
+        import importlib
+        dp_mod = importlib.import_module("torch.nn.parallel.data_parallel")  # the package attribute is the function
+        if self.device != "cpu" or not hasattr(dp_mod, "_get_available_device_type"):
+            return
+        redirect = self
+        real_init = dp_mod.DataParallel.__init__
+
+        def dp_init(module_self: Any, module: Any, device_ids: Any = None, *args: Any, **kwargs: Any) -> None:
+            redirect.record("runtime-redirect-data-parallel", asked=device_ids)
+            real_init(module_self, module, device_ids, *args, **kwargs)
+
+        def data_parallel(module: Any, inputs: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+                          module_kwargs: Any = None) -> Any:
+            # torch's functional form raises without a device type: run it as the one-device case does
+            redirect.record("runtime-redirect-data-parallel", asked=device_ids)
+            if not isinstance(inputs, tuple):
+                inputs = (inputs,) if inputs is not None else ()
+            return module(*inputs, **(module_kwargs or {}))
+
+        self._patch(dp_mod, "_get_available_device_type", lambda: None)
+        self._patch(dp_mod.DataParallel, "__init__", dp_init)
+        self._patch(dp_mod, "data_parallel", data_parallel)
+        self._patch(torch.nn.parallel, "data_parallel", data_parallel)
 
     def _install_default_device(self) -> None:
         real = torch.set_default_device
@@ -385,6 +445,18 @@ class DeviceRedirect(TorchFunctionMode):
 
             self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
 
+    def rebind(self, fn: Any) -> None:
+        """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker
+        unpickles the program's function first): names the program bound with ``from torch.distributed
+        import init_process_group`` still hold the originals; rebind them, in ``fn``'s globals and in
+        its module (multiprocessing runs the main script with runpy: its globals are a dict of their own)."""
+        replaced = {id(original): getattr(owner, name) for owner, name, original in self._saved}
+        module = sys.modules.get(getattr(fn, "__module__", "") or "")
+        for names in (getattr(fn, "__globals__", None), vars(module) if module is not None else None):
+            for key, value in list(names.items()) if names is not None else ():
+                if id(value) in replaced:
+                    names[key] = replaced[id(value)]
+
     def remove(self) -> None:
         try:
             self.__exit__(None, None, None)
@@ -392,27 +464,6 @@ class DeviceRedirect(TorchFunctionMode):
             for owner, name, value in reversed(self._saved):
                 setattr(owner, name, value)
             self._saved = []
-
-
-class SpawnedWithRedirect:
-    """A picklable wrapper: ``fn(i, *args)`` in a spawned process, with the CUDA redirect installed."""
-
-    def __init__(self, fn: Callable[..., Any], device: str) -> None:
-        self.fn, self.device = fn, device
-
-    def __call__(self, *args: Any) -> Any:
-        redirect = DeviceRedirect(self.device)
-        redirect.install()
-        # the program's module was imported (to unpickle fn) before the redirect: names it bound with
-        # `from torch.distributed import init_process_group` still hold the originals, so rebind them
-        replaced = {id(original): getattr(owner, name) for owner, name, original in redirect._saved}
-        # (multiprocessing runs the main script with runpy: its functions' globals are their own dict)
-        module = sys.modules.get(getattr(self.fn, "__module__", "") or "")
-        for names in (getattr(self.fn, "__globals__", None), vars(module) if module is not None else None):
-            for key, value in list(names.items()) if names is not None else ():
-                if id(value) in replaced:
-                    names[key] = replaced[id(value)]
-        return self.fn(*args)
 
 
 _TENSOR_CUDA = torch.Tensor.cuda

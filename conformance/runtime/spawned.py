@@ -1,0 +1,189 @@
+"""Processes a program starts with ``torch.multiprocessing.spawn`` / ``start_processes`` run audited too.
+
+The DDP tutorials (pytorch/examples distributed/ddp-tutorial-series/multigpu.py) do all their work in
+``mp.spawn`` workers: fresh interpreters that import the program again. :func:`install` (in the
+audit's child) wraps the function each worker runs in a picklable :class:`SpawnedWorker`, which in
+the worker installs what the child installs in itself (module tracker, op capture, step limiter with
+the same ``--steps`` bound, and the CUDA redirect when the child has one), runs the function, and
+writes ``{"rank", "pid", "run", "ops", "findings"}`` to ``spawned-<pid>.json`` in the run's own
+working folder — also when the function raises (the exception then propagates as it would, so
+``mp.spawn`` in the program fails as it would without the audit). A worker stopped by the step
+bound returns normally (``StopAudit`` is the audit's, never the program's failure).
+
+:func:`merge` folds those files into the child's result:
+
+- ``ops``: the union over the program's processes (the audited process and every worker), one
+  record per ``(op, phase, device_type)``; ``count`` and ``bytes`` are the largest of any one
+  process (each rank runs on a device of its own, so that is what one device dispatches), dtypes,
+  modules and shapes are merged;
+- ``findings``: the union by ``(rule, path, line)``, counts added up;
+- ``run.spawned``: one entry per worker (rank, pid, status, steps, stopped_by, error); the run's
+  steps, optimizer steps, backward passes and ``stopped_by`` come from the workers when the audited
+  process took no step itself.
+
+Forked workers (``multiprocessing`` with the fork start method, DataLoader workers) are not covered:
+they share the audited process's hooks and never report (see :mod:`.child`).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+PREFIX = "spawned-"
+
+
+class SpawnedWorker:
+    """Picklable wrapper: ``fn(i, *args)`` in a spawned process, audited like the child itself.
+
+    ``config``: ``run_device``, ``redirect_cuda``, ``steps``, ``threads`` and ``folder`` (where the
+    worker writes its result)."""
+
+    def __init__(self, fn: Callable[..., Any], config: dict) -> None:
+        self.fn, self.config = fn, dict(config)
+
+    def __call__(self, rank: int, *args: Any) -> Any:
+        import torch
+
+        from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+        from hal.conformance.runtime.stepping import StepLimiter, StopAudit
+        cfg = self.config
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg["threads"]))
+        modules = ModuleTracker()
+        capture = OpCapture(modules)
+        limiter = StepLimiter(cfg.get("steps"), capture)
+        modules.on_top_level_forward = limiter.before_top_level_forward
+        redirect = None
+        if cfg.get("redirect_cuda"):
+            from hal.conformance.runtime.redirect import DeviceRedirect
+            redirect = DeviceRedirect(cfg["run_device"])
+        status, error = "ok", None
+        active = False
+        try:
+            modules.install()
+            limiter.install()
+            if redirect is not None:
+                redirect.install()
+                redirect.rebind(self.fn)
+            capture.__enter__()
+            active = True
+            return self.fn(rank, *args)
+        except StopAudit:
+            return None
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                status, error = "error", f"the worker exited with sys.exit({exc.code!r})"
+            raise
+        except BaseException as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"[:2000]
+            raise
+        finally:
+            if active:
+                try:
+                    capture.__exit__(None, None, None)
+                except Exception:
+                    pass
+            result = {"rank": rank, "pid": os.getpid(),
+                      "run": {"status": status, "error": error, "steps": limiter.steps,
+                              "optimizer_steps": limiter.optimizer_steps, "backward_passes": limiter.backward_passes,
+                              "stopped_by": limiter.stopped_by},
+                      "ops": capture.records(), "findings": redirect.findings() if redirect is not None else []}
+            if redirect is not None:
+                redirect.remove()
+            modules.remove()
+            limiter.remove()
+            _write(os.path.join(cfg["folder"], f"{PREFIX}{os.getpid()}.json"), result)
+
+
+def _write(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, default=str)
+        os.replace(tmp, path)
+    except OSError:  # the run's folder is gone (the audit was stopped): nothing to report to
+        traceback.print_exc(file=sys.__stderr__)
+
+
+def install(config: dict) -> list[tuple[Any, str, Any]]:
+    """Wrap the function of every ``torch.multiprocessing`` ``start_processes``/``spawn`` call in a
+    :class:`SpawnedWorker` (``config`` as there). Returns the patches, for :func:`remove`."""
+    saved: list[tuple[Any, str, Any]] = []
+    mod = sys.modules.get("torch.multiprocessing.spawn")
+    if mod is None or not hasattr(mod, "start_processes"):
+        return saved
+    real = mod.start_processes
+
+    def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return real(SpawnedWorker(fn, config), *args, **kwargs)
+
+    import torch.multiprocessing as tmp
+    for owner in (mod, tmp):
+        if getattr(owner, "start_processes", None) is real:
+            saved.append((owner, "start_processes", real))
+            owner.start_processes = start_processes
+    return saved
+
+
+def remove(saved: list[tuple[Any, str, Any]]) -> None:
+    for owner, name, value in reversed(saved):
+        setattr(owner, name, value)
+
+
+def read(folder: str) -> list[dict]:
+    """The results the workers wrote in ``folder``, in rank order (unreadable files are skipped)."""
+    out = []
+    for path in glob.glob(os.path.join(folder, f"{PREFIX}*.json")):
+        try:
+            with open(path) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda r: (r.get("rank", 0), r.get("pid", 0)))
+
+
+def merge(result: dict, workers: list[dict]) -> dict:
+    """``result`` (the audited process's) with the workers' ops, findings and steps folded in (see
+    the module docstring). Returns ``result`` unchanged when there are no workers."""
+    if not workers:
+        return result
+    ops: dict[tuple, dict] = {}
+    for records in [result.get("ops") or []] + [w.get("ops") or [] for w in workers]:
+        for rec in records:
+            key = (rec["op"], rec["phase"], rec.get("device_type"))
+            have = ops.get(key)
+            if have is None:
+                ops[key] = {**rec, "dtypes": list(rec.get("dtypes") or []), "modules": list(rec.get("modules") or []),
+                            "shapes": list(rec.get("shapes") or [])}
+                continue
+            have["count"] = max(have["count"], rec["count"])
+            have["bytes"] = max(have.get("bytes", 0), rec.get("bytes", 0))
+            for field, cap in (("dtypes", None), ("modules", 8), ("shapes", 3)):
+                for v in rec.get(field) or []:
+                    if v not in have[field] and (cap is None or len(have[field]) < cap):
+                        have[field].append(v)
+    findings: dict[tuple, dict] = {}
+    for f in (result.get("findings") or []) + [f for w in workers for f in w.get("findings") or []]:
+        key = (f.get("rule"), f.get("path"), f.get("line"))
+        if key in findings:
+            findings[key] = {**findings[key], "count": findings[key].get("count", 1) + f.get("count", 1)}
+        else:
+            findings[key] = dict(f)
+    run = dict(result.get("run") or {})
+    run["spawned"] = [{"rank": w.get("rank"), "pid": w.get("pid"), **{k: (w.get("run") or {}).get(k) for k in
+                       ("status", "steps", "optimizer_steps", "backward_passes", "stopped_by", "error")}}
+                      for w in workers]
+    if not run.get("steps"):
+        best: Optional[dict] = max((w.get("run") or {} for w in workers), key=lambda r: r.get("steps") or 0)
+        for k in ("steps", "optimizer_steps", "backward_passes"):
+            run[k] = max((w.get("run") or {}).get(k) or 0 for w in workers)
+        if not run.get("stopped_by") and best is not None:
+            run["stopped_by"] = best.get("stopped_by")
+    return {**result, "run": run,
+            "ops": sorted(ops.values(), key=lambda r: (-r["count"], r["op"], r["phase"])),
+            "findings": sorted(findings.values(), key=lambda r: (str(r.get("path")), r.get("line") or 0,
+                                                                  str(r.get("rule"))))}
