@@ -80,7 +80,7 @@ def _doc(*cells, env="e"):
 
 
 def test_merge_prefers_verified_and_keeps_every_environment():
-    pred = Cell("cuda", "gpt", "train", "float32", status="pass-with-fallback", verified=False, env="cpu-host")
+    pred = Cell("cuda", "gpt", "train", "float32", status="ops-fallback", verified=False, env="cpu-host")
     meas = Cell("cuda", "gpt", "train", "float32", status="pass", verified=True, env="h200",
                 figures={"step_ms": 5.0})
     cpu = Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, env="cpu-host")
@@ -94,10 +94,10 @@ def test_merge_prefers_verified_and_keeps_every_environment():
 
 
 def test_diff_lists_status_time_and_fallback_changes():
-    old = _doc(Cell("mlu", "gpt", "train", "float32", status="pass-with-fallback",
+    old = _doc(Cell("mlu", "gpt", "train", "float32", status="ops-fallback",
                     figures={"fallback_ops": ["aten::a", "aten::b"]}),
                Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 10.0}))
-    new = _doc(Cell("mlu", "gpt", "train", "float32", status="pass", figures={"fallback_ops": ["aten::a"]}),
+    new = _doc(Cell("mlu", "gpt", "train", "float32", status="ops-supported", figures={"fallback_ops": ["aten::a"]}),
                Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 14.0}),
                Cell("cpu", "cnn", "train", "float32", status="pass", verified=True))
     rows = merge.diff(old, new)

@@ -202,14 +202,14 @@ def test_collectives_merge_a_failure_on_any_rank_fails_the_case():
 
 
 def _mdoc(verified: bool, status: str) -> dict:
-    return document([], [{"backend": "mlu", "verified": verified, "status": status}], [])
+    return document([], [{"backend": "mlu", "verified": verified, "status": status, "reason": ""}], [])
 
 
 def test_matrix_merge_verified_collectives_beat_predicted_in_either_order():
     measured, predicted = _mdoc(True, "fail"), _mdoc(False, "pass")
     for docs in ([("a", measured), ("b", predicted)], [("b", predicted), ("a", measured)]):
         rows = merge_matrices(docs)["collectives"]
-        assert rows == [{"backend": "mlu", "verified": True, "status": "fail"}]
+        assert rows == [{"backend": "mlu", "verified": True, "status": "fail", "reason": ""}]
     # between equals the later input wins
     rows = merge_matrices([("a", _mdoc(False, "pass")), ("b", _mdoc(False, "fail"))])["collectives"]
     assert rows[0]["status"] == "fail"
