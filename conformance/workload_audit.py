@@ -268,8 +268,10 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
                 run = res.get("run") or {}
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"
+                failed = f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " \
+                    if run.get("error") else ""
                 out["profile"] = {"verdict": "error", "verified": False, "run": _run_line(res),
-                                  "error": f"profile run {run.get('status', 'crashed')}: {run.get('error') or why}",
+                                  "error": f"{failed}nothing profiled: {why}",
                                   "not_measured": (prof or {}).get("not_measured"), "note": note}
             else:
                 prof["verified"] = bool(info.available)

@@ -395,13 +395,19 @@ class ProgramPrecision:
                 out.append((self.param_names.get(id(p), f"param_group{gi}.{pi}"), p))
         return out
 
+    def _sample(self, t: torch.Tensor) -> torch.Tensor:
+        """A fixed sample of ``t`` on the CPU: float64 for the reference, ``t``'s own dtype for the
+        target (the values are exact either way; the dtype selects the target's tolerance)."""
+        s = take_sample(t, SCRIPT_MAX_ELEMENTS)
+        return s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
+
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
         self.optimizers.add(opt)
         if self.window == "open":
             with self._internal():
                 for name, p in self._named(opt):
                     if p.grad is not None:
-                        self.grads[name] = take_sample(p.grad, SCRIPT_MAX_ELEMENTS)
+                        self.grads[name] = self._sample(p.grad)
                 self.grads_at_backward = self.backwards
             self._pending_params = True
             self._close("the first optimizer step")
@@ -412,7 +418,7 @@ class ProgramPrecision:
             self._pending_params = False
             with self._internal():
                 for name, p in self._named(opt):
-                    self.params[name] = take_sample(p.detach(), SCRIPT_MAX_ELEMENTS)
+                    self.params[name] = self._sample(p.detach())
                 self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
             if self.role == "reference":
                 self._save()

@@ -7,17 +7,18 @@ runs no backward either, at the end of each top-level forward. The first step st
 top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 
 1. step 1: warm-up (untimed);
-2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
-   accelerator the backend's peak memory over these steps;
-3. step 2+P: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
-   per op, host-device copies and sync points located by module and source line
-   (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``);
-4. steps 3+P .. 2+2P: ``torch.profiler`` with the CPU activity and the backend's device activity,
+2. steps 2 .. 1+P: ``torch.profiler`` with the CPU activity and the backend's device activity,
    cheap configuration (no shapes, stacks or memory): per-op host and device time, runtime sync
-   calls, memcpy events, the Chrome trace ``trace.json``.
+   calls, memcpy events, the Chrome trace ``trace.json`` (the trace and its tables are taken when
+   the profiler stops, at a step boundary, outside every timed step);
+3. steps 2+P .. 1+2P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
+   accelerator the backend's peak memory over these steps;
+4. step 2+2P: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
+   per op, host-device copies and sync points located by module and source line
+   (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
 
-The plain steps come right after the warm-up, before any profiler or dispatch mode has run (their
-teardown would otherwise land in the plain steps).
+The order puts what matters most first: a short program (a notebook's three-step loop) still gets
+its per-op times.
 
 Every step boundary synchronises the backend and reads the host clock (inside the profiler, under
 the harness range, so the sync is not counted as the program's). A program that ends before the
@@ -34,7 +35,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-SCHEDULE = ("warm-up", "plain", "analysis", "profiled")
+SCHEDULE = ("warm-up", "profiled", "plain", "analysis")
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
@@ -181,11 +182,11 @@ class ProgramProfile:
         if n == 1:
             return "warm-up"
         if 2 <= n <= 1 + self.P:
-            return "plain"
-        if n == 2 + self.P:
-            return "analysis"
-        if 3 + self.P <= n <= 2 + 2 * self.P:
             return "profiled"
+        if 2 + self.P <= n <= 1 + 2 * self.P:
+            return "plain"
+        if n == 2 + 2 * self.P:
+            return "analysis"
         return None
 
     def _begin_analysis(self) -> None:
@@ -314,8 +315,8 @@ class ProgramProfile:
         need = 2 + 2 * self.P
         if self.step < need:
             not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
-                                f"the schedule needs {need} (1 warm-up, {self.P} plain, 1 analysis, {self.P} "
-                                "profiled): pass more iterations to the program or a larger --steps")
+                                f"the schedule needs {need} (1 warm-up, {self.P} profiled, {self.P} plain, "
+                                "1 analysis): pass more iterations to the program or a larger --steps")
         if not self.started:
             not_measured.append("no module forward ran: nothing to profile")
         has_device = False
