@@ -291,6 +291,8 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     from hal.conformance.precision.compare import _summary, _tensor_rows, _verdict
     from hal.conformance.precision.drift import drift_stats
     from hal.conformance.precision.result import json_safe
+    import torch
+
     from hal.conformance.precision.script import SCRIPT_MAX_ELEMENTS, SEED
     steps = request.get("steps") or PROGRAM_PRECISION_STEPS
     samples = os.path.join(workdir, "reference-samples.pt")
@@ -324,7 +326,9 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         drift = drift_stats(lt[:n], lr[:n])
         if len(lt) != len(lr):
             not_compared.append(f"loss curve: {len(lt)} target vs {len(lr)} reference losses; the first {n} compared")
-        rows = rows + _tensor_rows("loss", [("loss", _t(lt[0]), _t(lr[0]))], None, SCRIPT_MAX_ELEMENTS)
+        compute = getattr(torch, pr.get("compute_dtype") or "float32", torch.float32)
+        rows = rows + _tensor_rows("loss", [("loss", _t(lt[0], torch.float32), _t(lr[0], torch.float64))],
+                                   compute, SCRIPT_MAX_ELEMENTS)
     elif not n:
         not_compared.append("loss curve: no backward pass ran (no loss to follow)" if not lt else
                             "loss curve: the reference recorded no loss")
@@ -332,7 +336,6 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         not_compared.append("loss curve: not compared (the reference run is not comparable, see above)")
     for r in rows:  # rows from the child are JSON already; the loss row is ours
         r.setdefault("inputs", [])
-    import torch
     compute_dtype = th.loosest([getattr(torch, r["dtype"], None) for r in rows if r["kind"] == "op"])
     out = {"rows": rows, "first_divergence": pr.get("first_divergence"), "drift": drift}
     verdict, reasons = _verdict(out, compute_dtype) if drift else _verdict_local(out)
@@ -362,9 +365,9 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     return json_safe(section)
 
 
-def _t(v: float):
+def _t(v: float, dtype: Any):
     import torch
-    return torch.tensor([float(v)], dtype=torch.float64)
+    return torch.tensor([float(v)], dtype=dtype)
 
 
 def _verdict_local(out: dict) -> tuple:

@@ -458,12 +458,15 @@ class ProgramPrecision:
         rows = [_record_row(r, s) for r, s in zip(records, status)]
         not_compared: List[str] = []
         ref = self.ref if self.ref_usable else None
+        # gradients and parameters are judged at the least precise dtype the step computed in (autocast)
+        from . import thresholds as th
+        compute = th.loosest([r.eff_dtype for r in records if r.kind == "op"])
         if ref is not None:
             pairs = [(n, g, ref.get("grads", {}).get(n)) for n, g in self.grads.items()]
             if self.grads and ref.get("grads_at_backward") == self.grads_at_backward:
-                rows += _tensor_rows("gradient", pairs, None, SCRIPT_MAX_ELEMENTS)
+                rows += _tensor_rows("gradient", pairs, compute, SCRIPT_MAX_ELEMENTS)
                 rows += _tensor_rows("parameter", [(n, p, ref.get("params", {}).get(n)) for n, p in self.params.items()],
-                                     None, SCRIPT_MAX_ELEMENTS, step_floor=getattr(self, "lr", 0.0))
+                                     compute, SCRIPT_MAX_ELEMENTS, step_floor=getattr(self, "lr", 0.0))
             elif not self.grads:
                 not_compared.append("gradients and parameters: no optimizer step ran inside the compared window "
                                     f"({self.closed_by or 'no forward ran'})")
@@ -486,5 +489,6 @@ class ProgramPrecision:
                     r[k] = {kk: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                             for kk, v in r[k].items()}
         return {"rows": rows, "first_divergence": fd, "not_compared": not_compared,
+                "compute_dtype": str(compute).replace("torch.", ""),
                 "cache": {"hits": tr.shadow.cache.hits, "misses": tr.shadow.cache.misses}
                 if tr is not None and tr.shadow is not None else None}

@@ -7,18 +7,19 @@ runs no backward either, at the end of each top-level forward. The first step st
 top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 
 1. step 1: warm-up (untimed);
-2. steps 2 .. 1+P: ``torch.profiler`` with the CPU activity and the backend's device activity,
-   cheap configuration (no shapes, stacks or memory): per-op host and device time, runtime sync
-   calls, memcpy events, the Chrome trace ``trace.json`` (the trace and its tables are taken when
-   the profiler stops, at a step boundary, outside every timed step);
-3. steps 2+P .. 1+2P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
+2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
    accelerator the backend's peak memory over these steps;
+3. steps 2+P .. 1+2P: ``torch.profiler`` with the CPU activity and the backend's device activity,
+   cheap configuration (no shapes, stacks or memory): per-op host and device time, runtime sync
+   calls, memcpy events, the Chrome trace ``trace.json`` (taken when the profiler stops, at a step
+   boundary, outside every timed step);
 4. step 2+2P: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
    per op, host-device copies and sync points located by module and source line
    (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
 
-The order puts what matters most first: a short program (a notebook's three-step loop) still gets
-its per-op times.
+Plain steps come before any profiler has run: steps after a profiler stopped measured up to 3x
+slower here (nanoGPT on the CPU), which would understate the overhead. A short program (a
+notebook's three-step loop) still gets plain and profiled steps; what it missed is listed.
 
 Every step boundary synchronises the backend and reads the host clock (inside the profiler, under
 the harness range, so the sync is not counted as the program's). A program that ends before the
@@ -35,20 +36,44 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-SCHEDULE = ("warm-up", "profiled", "plain", "analysis")
+SCHEDULE = ("warm-up", "plain", "profiled", "analysis")
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
+def _library_dirs() -> tuple:
+    import sysconfig
+    return tuple(sorted({p for p in (sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib"))
+                         if p}))
+
+
+#: installed libraries and the standard library: a copy inside numpy.memmap is located at the user's line
+_LIBRARY_DIRS = _library_dirs()
+
+
+def _user_line() -> tuple:
+    """(file, line) of the innermost frame of the program itself: outside torch, this package, the
+    audit's runtime wrappers, the standard library and installed packages (numpy.memmap ...)."""
+    import traceback
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    skip = (torch_dir, os.path.dirname(os.path.abspath(__file__)), _RUNTIME_DIR, *_LIBRARY_DIRS)
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(skip) or frame.filename.startswith("<") or os.sep + "site-packages" + os.sep in path \
+                or os.sep + "dist-packages" + os.sep in path:
+            continue
+        return frame.filename, int(frame.lineno or 0)
+    return "-", 0
+
+
 def _program_tally_cls():
-    from .analysis import _in_backward, _OpTally, user_frame
+    from .analysis import _in_backward, _OpTally
 
     class _ProgramTally(_OpTally):
         """The analysis tally; source lines skip the audit's own runtime wrappers (the redirect)."""
 
         def _where(self):
             module = self.modules.stack[-1] if self.modules.stack else ("<backward>" if _in_backward() else "-")
-            file, line = user_frame((_RUNTIME_DIR,))
-            return module, file, line
+            return module, *_user_line()
     return _ProgramTally
 
 
@@ -182,9 +207,9 @@ class ProgramProfile:
         if n == 1:
             return "warm-up"
         if 2 <= n <= 1 + self.P:
-            return "profiled"
-        if 2 + self.P <= n <= 1 + 2 * self.P:
             return "plain"
+        if 2 + self.P <= n <= 1 + 2 * self.P:
+            return "profiled"
         if n == 2 + 2 * self.P:
             return "analysis"
         return None
@@ -315,7 +340,7 @@ class ProgramProfile:
         need = 2 + 2 * self.P
         if self.step < need:
             not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
-                                f"the schedule needs {need} (1 warm-up, {self.P} profiled, {self.P} plain, "
+                                f"the schedule needs {need} (1 warm-up, {self.P} plain, {self.P} profiled, "
                                 "1 analysis): pass more iterations to the program or a larger --steps")
         if not self.started:
             not_measured.append("no module forward ran: nothing to profile")
