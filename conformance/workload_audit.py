@@ -350,6 +350,7 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         "target": {"device": run_device, "dtype": "as the program computes", "kind": request["kind"],
                    "steps": steps, "compared_window": pr.get("window_closed_by"),
                    "dropout_calls_disabled": pr.get("dropout_calls_disabled"), "status": _run_line(tgt),
+                   "timing": pr.get("timing"),
                    "compute_dtype": str(compute_dtype).replace("torch.", ""),
                    "losses": "the value handed to GradScaler.scale (unscaled)" if pr.get("scaled_losses")
                    else "the value handed to backward()"},

@@ -39,7 +39,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .metrics import take_sample
+from .metrics import sample_index, take_sample
+from .shadow import Shadow
 from .tracer import _SKIP, StepTracer, _widen
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
@@ -74,12 +75,29 @@ def _upcast(x):
     return _widen(x)
 
 
+class _SampledShadow(Shadow):
+    """A :class:`Shadow` whose full-size results are cut to the fixed sample of ``max_elements``
+    positions before they are compared: the statistics then cost the same for every op (on a
+    small program the comparison of whole 100k-element outputs cost more than the float64 ops)."""
+
+    def run(self, func, args, kwargs, out, out_index):
+        tv, sv, how = super().run(func, args, kwargs, out, out_index)
+        if how == "full" and tv.numel() > self.max_elements and tuple(tv.shape) == tuple(sv.shape):
+            idx = sample_index(tv.shape, self.max_elements)
+            tv = tv.detach()[tuple(i.to(tv.device) for i in idx)]
+            sv = sv[idx]
+            how = f"elements {self.max_elements}/{out.numel()} (shadowed whole, compared on a sample)"
+        return tv, sv, how
+
+
 class _ProgramTracer(StepTracer):
     """A :class:`StepTracer` fed by global module hooks (any module the program runs), that leaves
     seeded random ops alone and, as the reference, upcasts lower-precision tensor arguments."""
 
     def __init__(self, owner: "ProgramPrecision", role: str, **kw):
         super().__init__(torch.nn.Module(), role, **kw)
+        if self.shadow is not None:
+            self.shadow = _SampledShadow(self.shadow.max_elements, sample=self.shadow.sample)
         self.owner = owner
         self.recording = True
 
@@ -183,6 +201,9 @@ class ProgramPrecision:
         self._saved: list = []
         self._scaler_pending = False
         self._depth = 0
+        self.t_open = self.t_last = None
+        self.window_ms: Optional[float] = None
+        self.after_ms: List[float] = []  # steps after the window (optimizer step to optimizer step)
         if self.role == "target":
             self._load_reference()
 
@@ -367,6 +388,8 @@ class ProgramPrecision:
             self.converted.add(module)
 
     def _open(self) -> None:
+        import time
+        self.t_open = time.perf_counter()
         samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
         self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
                                      max_elements=SCRIPT_MAX_ELEMENTS)
@@ -377,8 +400,10 @@ class ProgramPrecision:
     def _close(self, why: str) -> None:
         if self.window != "open":
             return
+        import time
         self.window = "closed"
         self.closed_by = why
+        self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
         if self.tracer is None:
             return
         self.tracer.recording = False
@@ -413,6 +438,10 @@ class ProgramPrecision:
             self._close("the first optimizer step")
 
     def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
+        import time
+        now = time.perf_counter()
+        if self.window == "closed" and self.t_last is not None:
+            self.after_ms.append((now - self.t_last) * 1e3)
         self.optimizer_steps += 1
         if getattr(self, "_pending_params", False):
             self._pending_params = False
@@ -422,6 +451,8 @@ class ProgramPrecision:
                 self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
             if self.role == "reference":
                 self._save()
+        if self.window == "closed":
+            self.t_last = time.perf_counter()
 
     # -- output ---------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -443,7 +474,11 @@ class ProgramPrecision:
                                "losses": self.losses, "scaled_losses": self.scaled_losses,
                                "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
-                               "backwards": self.backwards, "seed": SEED}
+                               "backwards": self.backwards, "seed": SEED,
+                               "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,
+                                          "what": "window_ms: first top-level forward to the window's close "
+                                                  "(shadowed and compared); after_window_step_ms: each later "
+                                                  "optimizer step to the next (the same run, no shadow)"}}
         if self.role == "reference":
             out["ops_recorded"] = len(self.tracer.samples) if self.tracer is not None else 0
             return {"precision_run": out}
