@@ -102,6 +102,7 @@ class ProgramProfile:
         self.memory: Optional[dict] = None
         self._modes: list = []
         self._mem_prof = None
+        self._keep: list = []  # profilers kept alive until the process ends (see _end_analysis)
         self._baseline = 0
         self.roots: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
@@ -252,6 +253,9 @@ class ProgramProfile:
             from hal.models.measure import _allocator_peak_delta
             self._mem_prof.__exit__(None, None, None)
             peak, _ = _allocator_peak_delta(self._mem_prof)
+            # kept alive until the child's os._exit: on torch 2.4.1 collecting a profile_memory profiler
+            # that was stopped inside an optimizer hook segfaulted (3 runs in 5, in the cycle collector)
+            self._keep.append(self._mem_prof)
             self._mem_prof = None
             self.memory = {"peak_bytes": self._baseline + peak, "baseline_bytes": self._baseline,
                            "source": "live tensors of the program's modules and optimizers before the analysis "
@@ -270,6 +274,7 @@ class ProgramProfile:
         from .profiler import _runtime_syncs
         prof, self.prof = self.prof, None
         prof.stop()
+        self._keep.append(prof)  # see _end_analysis
         self.recorded = {"averages": prof.key_averages(), "runtime_syncs": _runtime_syncs(prof.events())}
         out = self.spec.get("out")
         if out:
