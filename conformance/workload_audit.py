@@ -107,8 +107,22 @@ def _workload(spec: dict):
     if spec["kind"] == "model":
         from hal.models import get_workload
         return get_workload(spec["target"], config=spec.get("config") or "tiny")
+    from hal.conformance.runtime.capture import ModuleTracker
     from hal.conformance.runtime.child import _load_func
-    w = _load_func(spec)()
+    from hal.conformance.runtime.stepping import StepLimiter, StopAudit
+    func = _load_func(spec)
+    # a func that runs its own loop (and returns None) is stopped after its first step: it is a program
+    limiter, modules = StepLimiter(1), ModuleTracker()
+    modules.on_top_level_forward = limiter.before_top_level_forward
+    limiter.install()
+    modules.install()
+    try:
+        w = func()
+    except StopAudit:
+        raise _ProgramTarget() from None
+    finally:
+        modules.remove()
+        limiter.remove()
     if hasattr(w, "example_batch"):
         return w
     if isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], __import__("torch").nn.Module):

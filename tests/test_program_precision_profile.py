@@ -100,7 +100,7 @@ def test_module_and_notebook_targets(tmp_path):
     assert f["ops"] and f["not_measured"]  # three steps: profiled, but the analysis step never came
 
 
-@pytest.mark.parametrize("func", ["module_and_inputs", "step_callable"])
+@pytest.mark.parametrize("func", ["module_and_inputs", "step_callable", "own_training_loop"])
 def test_func_targets_of_every_return_form(tmp_path, func):
     r, doc = _audit(tmp_path, f"{FIX / 'runtime' / 'workload_funcs.py'}:{func}", "--device", "cpu",
                     "--precision", "--profile", "--steps", "1")
