@@ -245,7 +245,10 @@ class ProgramPrecision:
                 continue
 
             def off(input, *a, _real=real, **k):  # noqa: A002 - F.dropout's own parameter name
-                owner.dropout_calls += 1
+                p = a[0] if a else k.get("p", 0.5)
+                training = a[1] if len(a) > 1 else k.get("training", True)
+                if p and training:  # counted only where dropout would have changed something
+                    owner.dropout_calls += 1
                 return input
             off.__wrapped__ = real  # type: ignore[attr-defined]
             self._patch(F, name, off)
