@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .metrics import sample_index, take_sample
@@ -73,6 +74,45 @@ def _upcast(x):
     if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
         return x.to(torch.float64)
     return _widen(x)
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return x.to("cpu")
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("cpu")
+    return x
+
+
+class CpuRandomMode(TorchDispatchMode):
+    """Seeded random ops on an accelerator draw from the CPU generator (then move there), so the
+    target run on a device and the float64 reference run on the CPU see the same random numbers
+    (``torch.randint(..., device="cuda")`` batches, ``normal_`` on a device tensor). Anything it
+    cannot reroute runs as the program asked (never raises for that reason)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _is_seeded_random(func):
+            return func(*args, **kwargs)
+        flat = tree_flatten((args, kwargs))[0]
+        devs = [x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
+        devs += [x for x in flat if isinstance(x, torch.device) and x.type != "cpu"]
+        if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
+            devs.append(torch.device(kwargs["device"]))
+        if not devs:
+            return func(*args, **kwargs)
+        try:
+            cargs, ckw = tree_map(_to_cpu, args), tree_map(_to_cpu, kwargs)
+            if "device" in ckw and ckw["device"] is not None:
+                ckw["device"] = torch.device("cpu")
+            out = func(*cargs, **ckw)
+        except Exception:
+            return func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name.endswith("_") and args and isinstance(args[0], torch.Tensor):  # in place on the device tensor
+            args[0].copy_(out if isinstance(out, torch.Tensor) else cargs[0])
+            return args[0]
+        return tree_map(lambda t: t.to(devs[0]) if isinstance(t, torch.Tensor) else t, out)
 
 
 class _SampledShadow(Shadow):
@@ -233,6 +273,8 @@ class ProgramPrecision:
         from torch.nn.modules import module as m
         from torch.optim import optimizer as o
         seed_everything()
+        self._random_mode = CpuRandomMode()  # for the whole run, below every other mode we enter
+        self._random_mode.__enter__()
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post),
                          o.register_optimizer_step_pre_hook(self._opt_pre),
