@@ -42,6 +42,16 @@ def _step(w, batch, tracer=None) -> float:
     return time.perf_counter() - t0
 
 
+def _program_bench(script: str, rest: list) -> int:
+    """``--script PATH [bench_program_sections options] [-- script args]``: the program-target benchmark."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("bench_program_sections", os.path.join(here, "bench_program_sections.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(["--script", script, *rest])
+
+
 def main(argv=None) -> int:
     from tabulate import tabulate
 
@@ -59,7 +69,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-elements", type=int, default=1 << 15)
     p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
     p.add_argument("--out", default="out/bench_precision.json")
-    args = p.parse_args(argv)
+    p.add_argument("--script", metavar="PATH", help="measure a program target instead (a script run unchanged): "
+                   "delegates to benchmarks/bench_program_sections.py (precision window and profile ratios)")
+    args, rest = p.parse_known_args(argv)
+    if args.script:
+        return _program_bench(args.script, rest)
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     torch.set_num_threads(args.threads)
     overrides = {"batch_size": args.batch_size}
     if args.model in ("gpt", "moe"):

@@ -73,6 +73,16 @@ def _load():
         return None
 
 
+def _program_bench(script: str, rest: list) -> int:
+    """``--script PATH [bench_program_sections options] [-- script args]``: the program-target benchmark."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("bench_program_sections", os.path.join(here, "bench_program_sections.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(["--script", script, *rest])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -83,6 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-small", action="store_true", help="skip gpt2-small")
     ap.add_argument("--out", default="out/bench_profiling.json")
+    ap.add_argument("--script", metavar="PATH", help="measure a program target instead (a script run unchanged): "
+                    "delegates to benchmarks/bench_program_sections.py (precision window and profile ratios)")
+    known, rest = ap.parse_known_args(argv)
+    if known.script:
+        return _program_bench(known.script, ["--device", known.device, *rest])
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     backend = hal.get_backend(args.device)

@@ -52,6 +52,7 @@ class _State:
         self.lock = threading.Lock()
         self.notes: list[dict] = []  # findings the child itself adds (notebook magics skipped)
         self.cell: Optional[int] = None  # the notebook cell running now
+        self.hooks: list = []  # --precision / --profile hooks of this run (see _section_hooks)
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         """This process's result with the ``mp.spawn`` workers' results merged in (:mod:`.spawned`)."""
@@ -70,7 +71,7 @@ class _State:
                 "ops": ops,
                 "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
                 "mlu_fallbacks": self.mlu_fallbacks,
-                "hal_fallbacks": _hal_fallbacks()}
+                "hal_fallbacks": _hal_fallbacks(), **_hook_results(self.hooks)}
 
     def write(self, status: str, error: Optional[str] = None, exit_code: Optional[int] = None) -> None:
         if os.getpid() != self.pid:  # a forked worker (DataLoader, multiprocessing) never reports
@@ -90,6 +91,26 @@ class _State:
             with open(tmp, "w") as f:
                 json.dump(self.result(status, error, exit_code), f, default=str)
             os.replace(tmp, path)
+
+
+def _section_hooks(spec: dict, modules: Any, limiter: Any) -> list:
+    """The ``--precision`` / ``--profile`` hooks a run asks for (spec ``precision_role`` or
+    ``profile_program``; see :func:`hal.conformance.workload_audit.program_hooks`), installed."""
+    if not (spec.get("precision_role") or spec.get("profile_program")):
+        return []
+    from hal.conformance.workload_audit import program_hooks
+    return program_hooks(spec, modules, limiter)
+
+
+def _hook_results(hooks: list) -> dict:
+    """Each hook's result keys; a hook that fails says so under ``hook_errors`` (never raises)."""
+    out: dict = {}
+    for h in hooks:
+        try:
+            out.update(h.result())
+        except Exception as exc:
+            out.setdefault("hook_errors", []).append(f"{type(h).__name__}: {type(exc).__name__}: {exc}"[:500])
+    return out
 
 
 def _cell_of(exc: BaseException) -> str:
@@ -347,6 +368,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from hal.conformance.runtime import spawned
     spawn_patches: list = []
     try:
+        state.hooks = _section_hooks(spec, modules, limiter)  # before the limiter: theirs run first
         modules.install()
         limiter.install()
         spawn_patches = spawned.install({"run_device": spec["run_device"], "redirect_cuda": spec.get("redirect_cuda"),
@@ -354,8 +376,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                          "folder": os.path.dirname(spec["result_path"])})
         if state.redirect is not None:
             state.redirect.install()
-        capture.__enter__()
-        state.capture_active = True
+        if spec.get("capture", True):
+            capture.__enter__()
+            state.capture_active = True
         kind = spec["kind"]
         if kind == "script":
             _run_script(spec)

@@ -18,7 +18,9 @@ Reports go through the one writer (:mod:`hal.conformance.report`) into ``--out``
 edited.
 
 Exit codes (checked in this order): 2 bad input or usage (one line on stderr, no report);
-3 the audited program failed (run.status error, timeout or crashed; the report is written);
+3 the audited program failed (run.status error, timeout or crashed; the report is written), or a
+requested section (--precision, --profile) could not be produced (its verdict is "not-run" or
+"error", the reason in the report);
 1 a ``--fail-on`` condition holds: ``finding`` = at least one error-severity finding,
 ``fallback`` = at least one op with status ``fallback``, ``precision`` = precision.first_divergence
 is not null or precision.verdict is "fail"; 0 otherwise.
@@ -40,6 +42,8 @@ from hal.cli.progress import AUDIT_PHASES, make_progress
 PROG = "hal-audit"
 DEFAULT_OUT = "hal-audit-out"
 FAILED_RUN = ("error", "timeout", "crashed")
+#: verdicts of a requested --precision / --profile section that could not be produced (exit 3)
+SECTION_NOT_PRODUCED = ("not-run", "error")
 #: bounds of the numeric options (finite, inclusive): a run of at most ~11.5 days, 1e9 steps, 1 PB
 MAX_TIMEOUT_S = 1e6
 MAX_STEPS = 10**9
@@ -218,6 +222,9 @@ def exit_code(report: dict, fail_on: Optional[str]) -> int:
     """The contract's exit code for a written report (see the module docstring)."""
     if (report.get("run") or {}).get("status") in FAILED_RUN:
         return EXIT_PROGRAM_FAILED
+    if any(isinstance(report.get(k), dict) and report[k].get("verdict") in SECTION_NOT_PRODUCED
+           for k in ("precision", "profile")):
+        return EXIT_PROGRAM_FAILED
     if fail_on == "finding" and any(f.get("severity") == "error" for f in report.get("findings") or []):
         return EXIT_FAIL_ON
     if fail_on == "fallback" and any(o.get("status") == "fallback" for o in report.get("ops") or []):
@@ -347,6 +354,9 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         raise CliError(str(exc)) from None
     if args.format == "text":
         text = rep.render(report, "text", root=root, written=written)
+        if args.precision or args.profile:  # what the sections found, or why they could not be produced
+            from hal.conformance.workload_audit import section_summary
+            text = "\n".join([text.rstrip("\n"), *section_summary(report)]) + "\n"
     else:
         text = rep.render(report, args.format, CATALOGUE, root)
     return text, exit_code(report, args.fail_on)

@@ -1,0 +1,574 @@
+"""Precision of a whole program (script, ``-m`` module, notebook, ``file.py:func``) with no code change.
+
+Runs inside the audit's child (:mod:`hal.conformance.runtime.child`) as a hook: the child installs a
+:class:`ProgramPrecision` before it starts the program and merges :meth:`ProgramPrecision.result`
+into its result file. The parent (:mod:`hal.conformance.workload_audit`) runs the program twice:
+
+1. **reference** child (``role="reference"``, on the CPU, CUDA redirected there): seeded, dropout off;
+   at each top-level module's first forward its parameters and buffers become float64 (in place: the
+   optimizer keeps the same ``Parameter`` objects), and from then on every floating op runs in
+   float64 (explicit casts such as ``x.half()`` and autocast casts are widened, lower-precision
+   tensor arguments upcast; seeded random ops are left as they are, so the random streams of both
+   runs stay identical). During the *window* (below) it stores a fixed sample of every op output
+   keyed by ``(phase, module, op, occurrence, output)``, the gradients at the first optimizer step and
+   the parameters after it, and a fingerprint of the initial weights and of every top-level input.
+2. **target** child (``role="target"``, on the run device): the same seeds and dropout patch; during
+   the window every floating-point op is shadowed in float64 on its actual inputs (its *local*,
+   introduced error) and, where the reference's fingerprints match (same initial weights, same
+   inputs in the same order), compared with the reference sample of the same key (the *total*
+   error). Blame (:func:`hal.conformance.precision.compare.classify`): the first op over its
+   threshold whose inputs were within tolerance and whose float64 shadow confirms the error is its
+   own ("introduced"); ops after it on the data path are "inherited".
+
+Window: from the first top-level forward to the first optimizer step (pre-hook) — evaluation
+forwards before it included —, or to the next grad-enabled top-level forward after a backward (a
+step the program or its GradScaler skipped), or, in a program that built no optimizer and ran no
+backward, to the end of the first top-level forward. Losses (the tensor handed to ``backward``, or
+the loss ``GradScaler.scale`` was given) are recorded over the whole bounded run for drift.
+
+Everything that could not be compared is listed in ``not_compared`` with the reason (never skipped
+silently). Not thread-safe: one instance per child process, driven from the program's thread.
+"""
+from __future__ import annotations
+
+import math
+import random
+import weakref
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .metrics import sample_index, take_sample
+from .shadow import Shadow
+from .tracer import _SKIP, StepTracer, _widen
+
+#: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
+SCRIPT_MAX_ELEMENTS = 4096
+#: op outputs recorded per window; beyond this the stream is cut (and the report says so)
+MAX_RECORDS = 20000
+#: bytes of reference samples kept; beyond this the reference stops storing (the report says so)
+MAX_SAMPLE_BYTES = 256 << 20
+SEED = 0
+_DROPOUT_FNS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+
+def seed_everything(seed: int = SEED) -> None:
+    """Seed Python's, numpy's (when importable) and torch's generators."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+    except ImportError:  # pragma: no cover - numpy is a torch dependency in practice
+        pass
+
+
+def _is_seeded_random(func) -> bool:
+    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+    return tag is not None and tag in getattr(func, "tags", ())
+
+
+def _upcast(x):
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+        return x.to(torch.float64)
+    return _widen(x)
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return x.to("cpu")
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("cpu")
+    return x
+
+
+class CpuRandomMode(TorchDispatchMode):
+    """Seeded random ops on an accelerator draw from the CPU generator (then move there), so the
+    target run on a device and the float64 reference run on the CPU see the same random numbers
+    (``torch.randint(..., device="cuda")`` batches, ``normal_`` on a device tensor). Anything it
+    cannot reroute runs as the program asked (never raises for that reason)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _is_seeded_random(func):
+            return func(*args, **kwargs)
+        flat = tree_flatten((args, kwargs))[0]
+        devs = [x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
+        devs += [x for x in flat if isinstance(x, torch.device) and x.type != "cpu"]
+        if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
+            devs.append(torch.device(kwargs["device"]))
+        if not devs:
+            return func(*args, **kwargs)
+        try:
+            cargs, ckw = tree_map(_to_cpu, args), tree_map(_to_cpu, kwargs)
+            if "device" in ckw and ckw["device"] is not None:
+                ckw["device"] = torch.device("cpu")
+            out = func(*cargs, **ckw)
+        except Exception:
+            return func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name.endswith("_") and args and isinstance(args[0], torch.Tensor):  # in place on the device tensor
+            args[0].copy_(out if isinstance(out, torch.Tensor) else cargs[0])
+            return args[0]
+        return tree_map(lambda t: t.to(devs[0]) if isinstance(t, torch.Tensor) else t, out)
+
+
+class _SampledShadow(Shadow):
+    """A :class:`Shadow` whose full-size results are cut to the fixed sample of ``max_elements``
+    positions before they are compared: the statistics then cost the same for every op (on a
+    small program the comparison of whole 100k-element outputs cost more than the float64 ops)."""
+
+    def run(self, func, args, kwargs, out, out_index):
+        tv, sv, how = super().run(func, args, kwargs, out, out_index)
+        if how == "full" and tv.numel() > self.max_elements and tuple(tv.shape) == tuple(sv.shape):
+            idx = sample_index(tv.shape, self.max_elements)
+            tv = tv.detach()[tuple(i.to(tv.device) for i in idx)]
+            sv = sv[idx]
+            how = f"elements {self.max_elements}/{out.numel()} (shadowed whole, compared on a sample)"
+        return tv, sv, how
+
+
+class _ProgramTracer(StepTracer):
+    """A :class:`StepTracer` fed by global module hooks (any module the program runs), that leaves
+    seeded random ops alone and, as the reference, upcasts lower-precision tensor arguments."""
+
+    def __init__(self, owner: "ProgramPrecision", role: str, **kw):
+        super().__init__(torch.nn.Module(), role, **kw)
+        if self.shadow is not None:
+            self.shadow = _SampledShadow(self.shadow.max_elements, sample=self.shadow.sample)
+        self.owner = owner
+        self.recording = True
+
+    def __enter__(self):  # no per-model hooks: the owner's global hooks call _pre/_post
+        return super(StepTracer, self).__enter__()
+
+    def __exit__(self, *exc):
+        if self.shadow is not None:
+            self.shadow.cache.clear()
+        return super(StepTracer, self).__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._internal or _is_seeded_random(func):
+            return func(*args, **kwargs)
+        if not self.recording:
+            if self.role == "reference":
+                name = func.overloadpacket.__name__
+                if not (func.is_view or name.endswith("_") or name in _SKIP):
+                    args, kwargs = tree_map(_upcast, args), tree_map(_upcast, kwargs)
+                else:
+                    args, kwargs = tree_map(_widen, args), tree_map(_widen, kwargs)
+            return func(*args, **kwargs)
+        if self.role == "reference":
+            name = func.overloadpacket.__name__
+            if not (func.is_view or name.endswith("_") or name in _SKIP):
+                args, kwargs = tree_map(_upcast, args), tree_map(_upcast, kwargs)
+        if len(self.records) + len(self.samples) >= MAX_RECORDS:
+            self.owner.truncated = True
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _observe(self, phase, module, op, t, out_index, **kw):
+        if self.owner.truncated:
+            return
+        if self.role == "reference":
+            if self.owner.sample_bytes > MAX_SAMPLE_BYTES:
+                self.owner.truncated = True
+                return
+            self.owner.sample_bytes += min(t.numel(), self.max_elements) * 8
+        super()._observe(phase, module, op, t, out_index, **kw)
+        if self.role == "target" and len(self.records) >= MAX_RECORDS:
+            self.owner.truncated = True
+
+
+def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
+    """Order-sensitive checksum of tensors: [count, sum, weighted sum] in float64."""
+    s = w = 0.0
+    for i, t in enumerate(ts):
+        v = t.detach().reshape(-1)
+        if v.numel() == 0:
+            continue
+        v = v.to("cpu", torch.float64)
+        s += float(v.sum())
+        w += float((v * torch.arange(1, v.numel() + 1, dtype=torch.float64).remainder(97)).sum()) * (i + 1)
+    return [float(len(ts)), s, w]
+
+
+def _same_fp(a, b, rel: float = 1e-6) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(abs(x - y) <= rel * max(1.0, abs(x), abs(y)) for x, y in zip(a, b))
+
+
+class ProgramPrecision:
+    """The precision hook of one audit child (see the module docstring).
+
+    ``spec`` keys: ``precision_role`` (``reference`` | ``target``), ``precision_samples`` (the
+    reference's sample file: written by the reference, read by the target). ``modules``: the
+    child's :class:`~hal.conformance.runtime.capture.ModuleTracker` (module paths); ``limiter``: its
+    :class:`~hal.conformance.runtime.stepping.StepLimiter` (has the program built an optimizer)."""
+
+    def __init__(self, spec: dict, modules: Any, limiter: Any = None) -> None:
+        self.spec = spec
+        self.limiter = limiter
+        self.role = spec["precision_role"]
+        self.samples_path = spec.get("precision_samples")
+        self.modules = modules
+        self.truncated = False
+        self.sample_bytes = 0
+        self.window = "not started"  # -> open -> closed
+        self.closed_by: Optional[str] = None
+        self.reasons: List[str] = []
+        self.losses: List[float] = []
+        self.scaled_losses = False
+        self.backwards = 0
+        self.optimizers = weakref.WeakSet()
+        self.optimizer_steps = 0
+        self.dropout_calls = 0
+        self.converted: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self.param_names: Dict[int, str] = {}
+        self.init_fp: Optional[list] = None
+        self.input_fps: List[list] = []
+        self.grads: Dict[str, torch.Tensor] = {}
+        self.params: Dict[str, torch.Tensor] = {}
+        self.grads_at_backward: Optional[int] = None
+        self.ref: Optional[dict] = None
+        self.ref_usable = self.role == "target"
+        self.tracer: Optional[_ProgramTracer] = None
+        self.mode_active = False
+        self._handles: list = []
+        self._saved: list = []
+        self._scaler_pending = False
+        self._depth = 0
+        self.t_open = self.t_last = None
+        self.window_ms: Optional[float] = None
+        self.after_ms: List[float] = []  # steps after the window (optimizer step to optimizer step)
+        if self.role == "target":
+            self._load_reference()
+
+    # -- reference file -----------------------------------------------------------------------
+    def _load_reference(self) -> None:
+        import os
+        if not self.samples_path or not os.path.exists(self.samples_path):
+            self.ref_usable = False
+            self.reasons.append(self.spec.get("reference_missing")
+                                or "no float64 reference run: totals not compared (local errors only)")
+            return
+        try:
+            self.ref = torch.load(self.samples_path, weights_only=False)
+        except Exception as exc:
+            self.ref_usable = False
+            self.reasons.append(f"the reference samples could not be read ({type(exc).__name__}: {exc})")
+
+    def _drop_reference(self, why: str) -> None:
+        if self.ref_usable:
+            self.ref_usable = False
+            self.reasons.append(why)
+            if self.tracer is not None:
+                self.tracer.samples = {}
+
+    # -- install / remove ---------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+        from torch.optim import optimizer as o
+        seed_everything()
+        self._random_mode = CpuRandomMode()  # for the whole run, below every other mode we enter
+        self._random_mode.__enter__()
+        self._handles = [m.register_module_forward_pre_hook(self._pre),
+                         m.register_module_forward_hook(self._post),
+                         o.register_optimizer_step_pre_hook(self._opt_pre),
+                         o.register_optimizer_step_post_hook(self._opt_post)]
+        import torch.nn.functional as F
+        owner = self
+        for name in _DROPOUT_FNS:
+            real = getattr(F, name, None)
+            if real is None:
+                continue
+
+            def off(input, *a, _real=real, **k):  # noqa: A002 - F.dropout's own parameter name
+                p = a[0] if a else k.get("p", 0.5)
+                training = a[1] if len(a) > 1 else k.get("training", True)
+                if p and training:  # counted only where dropout would have changed something
+                    owner.dropout_calls += 1
+                return input
+            off.__wrapped__ = real  # type: ignore[attr-defined]
+            self._patch(F, name, off)
+        real_sdpa = getattr(F, "scaled_dot_product_attention", None)
+        if real_sdpa is not None:
+            def sdpa(*a, **k):
+                if k.get("dropout_p") or (len(a) > 4 and a[4]):
+                    owner.dropout_calls += 1
+                    a = a[:4] + (0.0,) + tuple(a[5:]) if len(a) > 4 else a
+                    if "dropout_p" in k:
+                        k["dropout_p"] = 0.0
+                return real_sdpa(*a, **k)
+            sdpa.__wrapped__ = real_sdpa  # type: ignore[attr-defined]
+            self._patch(F, "scaled_dot_product_attention", sdpa)
+        real_backward = torch.autograd.backward
+
+        def backward(tensors, *a, **k):
+            owner._record_loss(tensors)
+            out = real_backward(tensors, *a, **k)
+            owner.backwards += 1
+            return out
+        backward.__wrapped__ = real_backward  # type: ignore[attr-defined]
+        self._patch(torch.autograd, "backward", backward)
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:  # pragma: no cover - torch < 2.3
+            GradScaler = None
+        if GradScaler is not None:
+            real_scale = GradScaler.scale
+
+            def scale(scaler, outputs):
+                if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+                    owner.scaled_losses = True
+                    owner._record_loss(outputs)
+                    owner._scaler_pending = True
+                return real_scale(scaler, outputs)
+            self._patch(GradScaler, "scale", scale)
+
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def remove(self) -> None:
+        self._close("the program ended")
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved = []
+        if self.mode_active and self.tracer is not None:
+            self.mode_active = False
+            try:
+                self.tracer.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _record_loss(self, tensors: Any) -> None:
+        if self._scaler_pending:  # GradScaler.scale(loss).backward(): the unscaled loss is recorded
+            self._scaler_pending = False
+            return
+        t = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        if isinstance(t, torch.Tensor) and t.numel() == 1:
+            prev = self.tracer._internal if self.tracer is not None else False
+            if self.tracer is not None:
+                self.tracer._internal = True
+            try:
+                self.losses.append(float(t.detach().to("cpu", torch.float64)))
+            finally:
+                if self.tracer is not None:
+                    self.tracer._internal = prev
+
+    def _internal(self):
+        tr = self.tracer
+
+        class _Ctx:
+            def __enter__(s):
+                s.prev = tr._internal if tr is not None else False
+                if tr is not None:
+                    tr._internal = True
+
+            def __exit__(s, *e):
+                if tr is not None:
+                    tr._internal = s.prev
+        return _Ctx()
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        top = self._depth == 0
+        self._depth += 1
+        if top:
+            self._top_pre(module, args)
+        if self.window == "open" and self.tracer is not None:
+            self.tracer._pre(self.modules._name(module))(module, args)
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._depth:
+            self._depth -= 1
+        if self.window == "open" and self.tracer is not None:
+            self.tracer._post(self.modules._name(module))(module, args, output)
+        if self._depth == 0 and self.window == "open" and not torch.is_grad_enabled() \
+                and not self.backwards and not getattr(self.limiter, "optimizers_built", 0):
+            self._close("the first inference forward ended (no optimizer, no backward)")
+
+    def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.window == "open" and self.backwards and torch.is_grad_enabled():
+            self._close("the next training forward began before any optimizer step "
+                        "(no optimizer, or the step was skipped)")
+        if self.window == "closed":
+            if self.role == "reference" and module not in self.converted:
+                self._convert(module)
+            return
+        with self._internal():
+            root = type(module).__name__
+            for name, p in module.named_parameters(prefix=root):
+                self.param_names.setdefault(id(p), name)
+            if self.window == "not started":
+                self.init_fp = _fingerprint([p for p in module.parameters()] + [b for b in module.buffers()
+                                                                                 if b.is_floating_point()])
+            fp = _fingerprint([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)])
+            if len(self.input_fps) < 256:
+                self.input_fps.append(fp)
+            if self.role == "target" and self.ref is not None and self.ref_usable:
+                if self.window == "not started" and not _same_fp(self.init_fp, self.ref.get("init_fp")):
+                    self._drop_reference("initial weights differ between the target and the float64 reference run "
+                                         "(initialisation not reproducible under a fixed seed): totals not compared")
+                i = len(self.input_fps) - 1
+                ref_fps = self.ref.get("input_fps") or []
+                if self.ref_usable and (i >= len(ref_fps) or not _same_fp(fp, ref_fps[i])):
+                    self._drop_reference(f"the inputs of top-level forward {i + 1} differ from the float64 reference "
+                                         "run's (data order not reproducible): totals not compared")
+            if self.role == "reference" and module not in self.converted:
+                self._convert(module)
+        if self.window == "not started":
+            self._open()
+
+    def _convert(self, module: torch.nn.Module) -> None:
+        with self._internal():
+            module.to(torch.float64)
+            self.converted.add(module)
+
+    def _open(self) -> None:
+        import time
+        self.t_open = time.perf_counter()
+        samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
+        self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
+                                     max_elements=SCRIPT_MAX_ELEMENTS)
+        self.window = "open"
+        self.tracer.__enter__()
+        self.mode_active = True
+
+    def _close(self, why: str) -> None:
+        if self.window != "open":
+            return
+        import time
+        self.window = "closed"
+        self.closed_by = why
+        self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
+        if self.tracer is None:
+            return
+        self.tracer.recording = False
+        if self.role == "target" and self.mode_active:
+            self.mode_active = False
+            self.tracer.__exit__(None, None, None)
+        if self.role == "reference":
+            self._save()
+
+    def _named(self, opt: torch.optim.Optimizer) -> List[tuple]:
+        out = []
+        for gi, g in enumerate(opt.param_groups):
+            for pi, p in enumerate(g["params"]):
+                out.append((self.param_names.get(id(p), f"param_group{gi}.{pi}"), p))
+        return out
+
+    def _sample(self, t: torch.Tensor) -> torch.Tensor:
+        """A fixed sample of ``t`` on the CPU: float64 for the reference, ``t``'s own dtype for the
+        target (the values are exact either way; the dtype selects the target's tolerance)."""
+        s = take_sample(t, SCRIPT_MAX_ELEMENTS)
+        return s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
+
+    def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
+        self.optimizers.add(opt)
+        if self.window == "open":
+            with self._internal():
+                for name, p in self._named(opt):
+                    if p.grad is not None:
+                        self.grads[name] = self._sample(p.grad)
+                self.grads_at_backward = self.backwards
+            self._pending_params = True
+            self._close("the first optimizer step")
+
+    def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
+        import time
+        now = time.perf_counter()
+        if self.window == "closed" and self.t_last is not None:
+            self.after_ms.append((now - self.t_last) * 1e3)
+        self.optimizer_steps += 1
+        if getattr(self, "_pending_params", False):
+            self._pending_params = False
+            with self._internal():
+                for name, p in self._named(opt):
+                    self.params[name] = self._sample(p.detach())
+                self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
+            if self.role == "reference":
+                self._save()
+        if self.window == "closed":
+            self.t_last = time.perf_counter()
+
+    # -- output ---------------------------------------------------------------------------------
+    def _save(self) -> None:
+        if not self.samples_path:
+            return
+        import os
+        tmp = self.samples_path + ".tmp"
+        with self._internal():
+            torch.save({"samples": self.tracer.samples if self.tracer is not None else {},
+                        "grads": self.grads, "params": self.params, "grads_at_backward": self.grads_at_backward,
+                        "init_fp": self.init_fp, "input_fps": self.input_fps, "truncated": self.truncated,
+                        "closed_by": self.closed_by}, tmp)
+        os.replace(tmp, self.samples_path)
+
+    def result(self) -> dict:
+        """JSON-ready ``{"precision_run": ...}`` for the child's result file (see :func:`section`)."""
+        self._close("the program ended")
+        out: Dict[str, Any] = {"role": self.role, "window_closed_by": self.closed_by, "window": self.window,
+                               "losses": self.losses, "scaled_losses": self.scaled_losses,
+                               "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
+                               "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
+                               "backwards": self.backwards, "seed": SEED,
+                               "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,
+                                          "what": "window_ms: first top-level forward to the window's close "
+                                                  "(shadowed and compared); after_window_step_ms: each later "
+                                                  "optimizer step to the next (the same run, no shadow)"}}
+        if self.role == "reference":
+            out["ops_recorded"] = len(self.tracer.samples) if self.tracer is not None else 0
+            return {"precision_run": out}
+        out.update(self._compare())
+        return {"precision_run": out}
+
+    def _compare(self) -> dict:
+        from .compare import _record_row, _tensor_rows, classify
+        tr = self.tracer
+        records = tr.records if tr is not None else []
+        status, fd = classify(records)
+        rows = [_record_row(r, s) for r, s in zip(records, status)]
+        not_compared: List[str] = []
+        ref = self.ref if self.ref_usable else None
+        # gradients and parameters are judged at the least precise dtype the step computed in (autocast)
+        from . import thresholds as th
+        compute = th.loosest([r.eff_dtype for r in records if r.kind == "op"])
+        if ref is not None:
+            pairs = [(n, g, ref.get("grads", {}).get(n)) for n, g in self.grads.items()]
+            if self.grads and ref.get("grads_at_backward") == self.grads_at_backward:
+                rows += _tensor_rows("gradient", pairs, compute, SCRIPT_MAX_ELEMENTS)
+                rows += _tensor_rows("parameter", [(n, p, ref.get("params", {}).get(n)) for n, p in self.params.items()],
+                                     compute, SCRIPT_MAX_ELEMENTS, step_floor=getattr(self, "lr", 0.0))
+            elif not self.grads:
+                not_compared.append("gradients and parameters: no optimizer step ran inside the compared window "
+                                    f"({self.closed_by or 'no forward ran'})")
+            else:
+                not_compared.append("gradients and parameters: the first optimizer step came after a different "
+                                    "number of backward passes in the two runs (a skipped GradScaler step)")
+            missing = sum(1 for r in records if r.total is None and r.kind == "op")
+            if missing:
+                not_compared.append(f"{missing} op output(s) have no counterpart in the float64 reference run's op "
+                                    "stream (keyed by phase, module, op, occurrence): local error only")
+            if ref.get("truncated"):
+                not_compared.append("the reference run stopped storing samples (op or size cap reached)")
+        if self.truncated:
+            not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
+        if tr is None:
+            not_compared.append("no module forward ran: no op was recorded")
+        for r in rows:
+            for k in ("local", "total"):
+                if r.get(k):
+                    r[k] = {kk: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                            for kk, v in r[k].items()}
+        return {"rows": rows, "first_divergence": fd, "not_compared": not_compared,
+                "compute_dtype": str(compute).replace("torch.", ""),
+                "cache": {"hits": tr.shadow.cache.hits, "misses": tr.shadow.cache.misses}
+                if tr is not None and tr.shadow is not None else None}

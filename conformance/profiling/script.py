@@ -1,0 +1,433 @@
+"""Profile of a whole program (script, ``-m`` module, notebook, ``file.py:func``) with no code change.
+
+Runs inside the audit's child (:mod:`hal.conformance.runtime.child`) as a hook, like
+:mod:`hal.conformance.precision.script`. The program's own loop is the step: a step ends at each
+optimizer step (post-hook); in a program that builds no optimizer, at each backward pass; in one that
+runs no backward either, at the end of each top-level forward. The first step starts at the first
+top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
+
+1. step 1: warm-up (untimed);
+2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
+   accelerator the backend's peak memory over these steps;
+3. steps 2+P .. 1+2P: ``torch.profiler`` with the CPU activity and the backend's device activity,
+   cheap configuration (no shapes, stacks or memory): per-op host and device time, runtime sync
+   calls, memcpy events, the Chrome trace ``trace.json`` (taken when the profiler stops, at a step
+   boundary, outside every timed step);
+4. step 2+2P: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
+   per op, host-device copies and sync points located by module and source line
+   (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
+
+Plain steps come before any profiler has run: steps after a profiler stopped measured up to 3x
+slower here (nanoGPT on the CPU), which would understate the overhead. A short program (a
+notebook's three-step loop) still gets plain and profiled steps; what it missed is listed.
+
+Every step boundary synchronises the backend and reads the host clock (inside the profiler, under
+the harness range, so the sync is not counted as the program's). A program that ends before the
+schedule is done gets what was measured and, for the rest, a reason in ``not_measured``.
+Not thread-safe: one instance per child process.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import weakref
+from typing import Any, Dict, List, Optional
+
+import torch
+
+SCHEDULE = ("warm-up", "plain", "profiled", "analysis")
+_RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
+
+
+def _library_dirs() -> tuple:
+    import sysconfig
+    return tuple(sorted({p for p in (sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib"))
+                         if p}))
+
+
+#: installed libraries and the standard library: a copy inside numpy.memmap is located at the user's line
+_LIBRARY_DIRS = _library_dirs()
+
+
+def _user_line() -> tuple:
+    """(file, line) of the innermost frame of the program itself: outside torch, this package, the
+    audit's runtime wrappers, the standard library and installed packages (numpy.memmap ...)."""
+    import traceback
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    skip = (torch_dir, os.path.dirname(os.path.abspath(__file__)), _RUNTIME_DIR, *_LIBRARY_DIRS)
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(skip) or frame.filename.startswith("<") or os.sep + "site-packages" + os.sep in path \
+                or os.sep + "dist-packages" + os.sep in path:
+            continue
+        return frame.filename, int(frame.lineno or 0)
+    return "-", 0
+
+
+def _program_tally_cls():
+    from .analysis import _in_backward, _OpTally
+
+    class _ProgramTally(_OpTally):
+        """The analysis tally; source lines skip the audit's own runtime wrappers (the redirect)."""
+
+        def _where(self):
+            module = self.modules.stack[-1] if self.modules.stack else ("<backward>" if _in_backward() else "-")
+            return module, *_user_line()
+    return _ProgramTally
+
+
+class ProgramProfile:
+    """The profile hook of one audit child (see the module docstring). ``spec`` keys:
+    ``run_device``, ``profile_steps`` (P, default 2), ``out`` (folder for trace.json),
+    ``fallback_ops``."""
+
+    def __init__(self, spec: dict, modules: Any, limiter: Any = None) -> None:
+        import hal
+        self.spec = spec
+        self.modules = modules
+        self.limiter = limiter
+        self.P = int(spec.get("profile_steps") or 2)
+        self.backend = hal.get_backend(spec.get("run_device") or "cpu")
+        self.device = self.backend.torch_device()
+        self.step = 0          # completed steps
+        self.started = False
+        self.t_last = 0.0
+        self.plain: List[float] = []
+        self.profiled: List[float] = []
+        self.first_ms: Optional[float] = None
+        self.prof = None
+        self.recorded: Optional[dict] = None
+        self.analysis: Optional[dict] = None
+        self.memory: Optional[dict] = None
+        self._modes: list = []
+        self._mem_prof = None
+        self._keep: list = []  # profilers kept alive until the process ends (see _end_analysis)
+        self._baseline = 0
+        self.roots: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        self.backwards = 0
+        self._depth = 0
+        self._handles: list = []
+        self._saved: list = []
+        self.errors: List[str] = []
+        self.step_kind: Optional[str] = None
+        self.est: Optional[dict] = None  # taken while the program's objects are alive (at the end they are gone)
+
+    # -- install --------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+        from torch.optim import optimizer as o
+        self._handles = [m.register_module_forward_pre_hook(self._pre),
+                         m.register_module_forward_hook(self._post),
+                         o.register_optimizer_step_post_hook(self._opt_post)]
+        real_backward = torch.autograd.backward
+        owner = self
+
+        def backward(*a, **k):
+            out = real_backward(*a, **k)
+            owner.backwards += 1
+            if not owner._optimizers_built():
+                owner._tick("backward passes")
+            return out
+        backward.__wrapped__ = real_backward  # type: ignore[attr-defined]
+        self._saved.append((torch.autograd, "backward", real_backward))
+        torch.autograd.backward = backward
+
+    def _optimizers_built(self) -> int:
+        return int(getattr(self.limiter, "optimizers_built", 0) or len(self.optimizers))
+
+    def _pre(self, module: torch.nn.Module, _args: Any) -> None:
+        if self._depth == 0:
+            self.roots.add(module)
+            if not self.started:
+                self.started = True
+                self._sync()
+                self.t_last = time.perf_counter()
+        self._depth += 1
+
+    def _post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if self._depth:
+            self._depth -= 1
+        if self._depth == 0 and not torch.is_grad_enabled() and not self._optimizers_built() and not self.backwards:
+            self._tick("forward passes")
+
+    def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
+        self.optimizers.add(opt)
+        self._tick("optimizer steps")
+
+    # -- the schedule ---------------------------------------------------------------------------
+    def _sync(self) -> None:
+        try:
+            self.backend.synchronize()
+        except Exception:  # a backend without a device context yet: the host clock alone
+            pass
+
+    def _tick(self, kind: str) -> None:
+        if not self.started:
+            return
+        self.step_kind = self.step_kind or kind
+        if self.prof is not None:
+            with torch.profiler.record_function("[hal profiling] harness sync"):
+                self._sync()
+        else:
+            self._sync()
+        now = time.perf_counter()
+        ms = (now - self.t_last) * 1e3
+        self.step += 1
+        phase = self._phase(self.step)  # the step that just ended
+        try:
+            if phase == "warm-up":
+                self.first_ms = ms
+                self.est = self._estimate()
+            elif phase == "analysis":
+                self._end_analysis()
+            elif phase == "profiled":
+                self.profiled.append(ms)
+                if len(self.profiled) == self.P:
+                    self._end_profiler()
+                elif self.prof is not None:
+                    self.prof.step()
+            elif phase == "plain":
+                self.plain.append(ms)
+                if len(self.plain) == self.P:
+                    self._end_memory_device()
+            nxt = self._phase(self.step + 1)
+            if nxt == "analysis":
+                self._begin_analysis()
+            elif nxt == "profiled" and self.prof is None and not self.profiled:
+                self._begin_profiler()
+            elif nxt == "plain" and not self.plain:
+                self._begin_memory_device()
+        except Exception as exc:  # a profiler failure is reported, never the program's problem
+            self.errors.append(f"{phase} step {self.step}: {type(exc).__name__}: {exc}"[:400])
+        self._sync()
+        self.t_last = time.perf_counter()
+
+    def _phase(self, n: int) -> Optional[str]:
+        if n == 1:
+            return "warm-up"
+        if 2 <= n <= 1 + self.P:
+            return "plain"
+        if 2 + self.P <= n <= 1 + 2 * self.P:
+            return "profiled"
+        if n == 2 + 2 * self.P:
+            return "analysis"
+        return None
+
+    def _begin_analysis(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from .analysis import _extra_flop_formulas
+        _ProgramTally = _program_tally_cls()
+        self._flops = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+        self._tally = _ProgramTally(self.modules, True)
+        if self.device.type == "cpu":
+            from torch.profiler import ProfilerActivity, profile
+
+            from hal.models.measure import live_tensor_bytes
+            self._baseline = live_tensor_bytes(*self._live())
+            self._mem_prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._mem_prof.__enter__()
+        self._flops.__enter__()
+        self._tally.__enter__()
+        self._modes = [self._tally, self._flops]
+
+    def _end_analysis(self) -> None:
+        from .analysis import _locations, op_name
+        for mode in self._modes:
+            mode.__exit__(None, None, None)
+        self._modes = []
+        flops: Dict[str, int] = {}
+        for packet, n in self._flops.get_flop_counts().get("Global", {}).items():
+            flops[op_name(packet)] = flops.get(op_name(packet), 0) + int(n)
+        for name, rec in self._tally.ops.items():
+            rec["flops"] = flops.get(name, 0)
+        t = self._tally
+        self.est = self._estimate()
+        self.analysis = {"ops": t.ops,
+                         "copies": {"count": sum(t.copies.values()), "bytes": t.copy_bytes,
+                                    "locations": _locations(t.copies)},
+                         "syncs": {"count": sum(t.syncs.values()), "bytes": 0, "locations": _locations(t.syncs)}}
+        if self._mem_prof is not None:
+            from hal.models.measure import _allocator_peak_delta
+            self._mem_prof.__exit__(None, None, None)
+            peak, _ = _allocator_peak_delta(self._mem_prof)
+            # kept alive until the child's os._exit: on torch 2.4.1 collecting a profile_memory profiler
+            # that was stopped inside an optimizer hook segfaulted (3 runs in 5, in the cycle collector)
+            self._keep.append(self._mem_prof)
+            self._mem_prof = None
+            self.memory = {"peak_bytes": self._baseline + peak, "baseline_bytes": self._baseline,
+                           "source": "live tensors of the program's modules and optimizers before the analysis "
+                                     "step + peak net CPU allocator allocations in it (torch.profiler "
+                                     "profile_memory)"}
+
+    def _begin_profiler(self) -> None:
+        from torch.profiler import profile
+
+        from .profiler import _activities
+        acts, self.act_names, self.act_note = _activities(self.backend)
+        self.prof = profile(activities=acts)
+        self.prof.start()
+
+    def _end_profiler(self) -> None:
+        from .profiler import _runtime_syncs
+        prof, self.prof = self.prof, None
+        prof.stop()
+        self._keep.append(prof)  # see _end_analysis
+        self.recorded = {"averages": prof.key_averages(), "runtime_syncs": _runtime_syncs(prof.events())}
+        out = self.spec.get("out")
+        if out:
+            os.makedirs(out, exist_ok=True)
+            prof.export_chrome_trace(os.path.join(out, "trace.json"))
+            self.recorded["trace"] = "trace.json"
+
+    def _begin_memory_device(self) -> None:
+        if self.device.type != "cpu":
+            try:
+                self.backend.reset_peak_memory_stats(self.device)
+            except Exception as exc:
+                self.memory = {"peak_bytes": None, "source": f"not measured: {type(exc).__name__}: {exc}"}
+
+    def _end_memory_device(self) -> None:
+        if self.device.type != "cpu" and self.memory is None:
+            stats = self.backend.memory_stats(self.device)
+            self.memory = {"peak_bytes": int(stats.peak), "baseline_bytes": None,
+                           "source": f"{self.backend.name} backend memory_stats().peak over the plain steps "
+                                     f"({stats.source})"}
+
+    def _live(self) -> list:
+        return [*list(self.roots), *list(self.optimizers)]
+
+    # -- result ---------------------------------------------------------------------------------
+    def _estimate(self) -> dict:
+        seen, params, grads = set(), 0, 0
+        for m in list(self.roots):
+            for p in m.parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                params += p.numel() * p.element_size()
+                if p.requires_grad:
+                    grads += p.numel() * p.element_size()
+        state = 0
+        for opt in list(self.optimizers):
+            for st in opt.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        state += v.numel() * v.element_size()
+        return {"total_bytes": params + grads + state, "params_bytes": params, "grads_bytes": grads,
+                "optimizer_state_bytes": state, "lower_bound": True,
+                "activations": "not estimated for a program target (no model config): the estimate is "
+                               "parameters + gradients + optimizer state, a lower bound of the peak"}
+
+    def result(self) -> dict:
+        """JSON-ready ``{"profile_run": ...}`` for the child's result file."""
+        for mode in self._modes:  # the program ended inside the analysis step
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:
+                pass
+        self._modes = []
+        if self.prof is not None:
+            try:
+                self._end_profiler()
+            except Exception as exc:
+                self.errors.append(f"profiler stop: {type(exc).__name__}: {exc}"[:400])
+        return {"profile_run": self._section()}
+
+    def _section(self) -> dict:
+        from hal.backend import dtype_name  # noqa: F401 - keeps the import light at install time
+
+        from .profiler import DEFINITIONS, _host_device_bandwidth, _op_rows
+        from .roofline import resolve_peaks, roofline_row
+        not_measured: List[str] = []
+        need = 2 + 2 * self.P
+        if self.step < need:
+            not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
+                                f"the schedule needs {need} (1 warm-up, {self.P} plain, {self.P} profiled, "
+                                "1 analysis): pass more iterations to the program or a larger --steps")
+        if not self.started:
+            not_measured.append("no module forward ran: nothing to profile")
+        has_device = False
+        rows: list = []
+        runtime_syncs: dict = {}
+        runtime = {"memcpy_events": 0, "memcpy_names": {}}
+        act_names = getattr(self, "act_names", ["CPU"])
+        if self.recorded is not None:
+            has_device = len(act_names) > 1
+            rows, runtime = _op_rows(self.recorded["averages"], has_device, len(self.profiled), sum(self.profiled))
+            runtime_syncs = self.recorded["runtime_syncs"]
+        else:
+            not_measured.append("per-op times: no profiled step completed")
+        analysis = self.analysis or {"ops": {}, "copies": {"count": None, "locations": []},
+                                     "syncs": {"count": None, "locations": []}}
+        if self.analysis is None:
+            not_measured.append("FLOPs, bytes, copies and syncs by source line: the analysis step did not complete")
+        dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
+        peaks, peaks_source = resolve_peaks(self.backend, dtypes, measure=bool(rows))
+        n = max(1, len(self.profiled))
+        for r in rows:
+            a = analysis["ops"].get(r["op"])
+            r["flops"] = int(a["flops"]) if a else None
+            r["bytes"] = int(a["bytes"]) if a else None
+            r["dtype"] = a["dtype"] if a else None
+            op_ms = r["device_ms"] if has_device else r["self_ms"]
+            r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"], (op_ms or 0) / n, peaks)
+        fb_names = set(self.spec.get("fallback_ops") or ())
+        fb_rows = [r for r in rows if r["op"] in fb_names]
+        for r in rows:
+            r["fallback"] = r["op"] in fb_names
+        bw, bw_note = _host_device_bandwidth(self.backend, peaks) if fb_rows else (0.0, "no fallback ops")
+        fb_bytes = sum(r["bytes"] or 0 for r in fb_rows)
+        est = self.est if self.est is not None else self._estimate()
+        mem = dict(self.memory or {"peak_bytes": None, "source": "not measured: the memory step did not complete"})
+        peak = mem.get("peak_bytes")
+        memory = {"estimate_bytes": est["total_bytes"], "peak_bytes": peak,
+                  "error_pct": (100.0 * (est["total_bytes"] - peak) / peak) if peak else None,
+                  "items": {k: v for k, v in est.items() if k.endswith("_bytes") and k != "total_bytes"},
+                  "lower_bound": True, "peak_source": mem.get("source"), "baseline_bytes": mem.get("baseline_bytes"),
+                  "estimate_detail": {"activations": est["activations"]}}
+        plain_med = statistics.median(self.plain) if self.plain else None
+        prof_med = statistics.median(self.profiled) if self.profiled else None
+        if not self.plain:
+            not_measured.append("plain step time (overhead ratio): no plain step completed")
+        props = self.backend.device_properties(0)
+        return {
+            "device": props.name or self.backend.name, "backend": self.backend.name,
+            "activities": act_names,
+            "activity_note": getattr(self, "act_note", "") or ("device activity recorded" if has_device else
+                                                               "CPU only: device_ms is null, host self time is the "
+                                                               "op time"),
+            "steps": len(self.profiled), "warmup": 1, "step_kind": self.step_kind,
+            "step_ms": {"median": plain_med, "all": self.plain, "min": min(self.plain) if self.plain else None},
+            "profiled_step_ms": {"median": prof_med, "all": self.profiled,
+                                 "min": min(self.profiled) if self.profiled else None},
+            "first_step_ms": self.first_ms,
+            "overhead_ratio": (prof_med / plain_med) if prof_med and plain_med else None,
+            "ops": rows, "hotspots": [r["op"] for r in rows[:10]],
+            "copies": dict(analysis["copies"], profiler_memcpy_events=runtime["memcpy_events"],
+                           profiler_memcpy=runtime["memcpy_names"]),
+            "syncs": dict(analysis["syncs"], runtime_calls=sum(runtime_syncs.values()), runtime=runtime_syncs),
+            "fallback": {"ms_per_step": sum((r["device_ms"] if has_device else r["self_ms"]) or 0 for r in fb_rows) / n,
+                         "copy_ms_per_step": (fb_bytes / bw * 1e3) if bw else 0.0, "copy_bytes_per_step": fb_bytes,
+                         "bandwidth_bytes_per_s": bw or None, "bandwidth_source": bw_note,
+                         "ops": sorted(r["op"] for r in fb_rows),
+                         "not_seen": sorted(fb_names - {r["op"] for r in fb_rows})},
+            "memory": memory,
+            "roofline": {"peaks": peaks, "peaks_source": peaks_source, "dtypes": sorted(dtypes),
+                         "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
+            "trace": (self.recorded or {}).get("trace"),
+            "schedule": {"warmup_steps": 1, "analysis_steps": 1, "profiled_steps": self.P, "plain_steps": self.P,
+                         "completed_steps": self.step,
+                         "step": "the program's own iteration, ended by its optimizer step (else its backward, "
+                                 "else its top-level forward); the first starts at the first top-level forward"},
+            "timing": {"method": "host clock at each step boundary after backend.synchronize()", "warmup": 1,
+                       "repeats": self.P, "statistic": "median"},
+            "overhead_note": ("profiled steps ran under torch.profiler with activities only (no shapes, stacks or "
+                              "memory); FLOPs, bytes, source locations (and the CPU memory peak) come from one "
+                              "separate analysis step"),
+            "not_measured": not_measured, "errors": self.errors,
+            "definitions": dict(DEFINITIONS, step_ms="plain step time of the program's own loop between step "
+                                "boundaries (see schedule.step), synchronised, after warm-up and analysis"),
+        }

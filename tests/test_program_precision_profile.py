@@ -1,0 +1,118 @@
+"""--precision / --profile on program targets, no code change (issue 17): real CLI, real child processes.
+
+The fixture script's ``NaiveSoftmax16`` overflows float16 in ``exp``: the audit must blame that
+module ("introduced"), keep the layers before it ok and mark those after it "inherited"; its
+``--stable`` control must pass. Profiles of scripts, ``-m`` modules, notebooks and every
+``file.py:func`` return form; a section that cannot be produced exits 3 and says why.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+FIX = ROOT / "tests" / "fixtures"
+NAIVE = FIX / "precision" / "naive_softmax_fp16.py"
+
+
+def _audit(tmp_path, *argv, cwd=None):
+    cut = argv.index("--") if "--" in argv else len(argv)  # options before the script's own arguments
+    r = run_cli("hal-audit", *argv[:cut], "--out", str(tmp_path), "--format", "text", *argv[cut:], timeout=600, cwd=cwd)
+    doc = json.loads((tmp_path / "audit.json").read_text()) if (tmp_path / "audit.json").exists() else None
+    return r, doc
+
+
+@pytest.fixture(scope="module")
+def naive(tmp_path_factory):
+    out = tmp_path_factory.mktemp("naive")
+    return _audit(out, str(NAIVE), "--device", "cpu", "--precision")
+
+
+def test_naive_fp16_softmax_is_the_first_divergence(naive):
+    r, doc = naive
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = doc["precision"]
+    fd = p["first_divergence"]
+    assert (fd["module"], fd["op"], fd["kind"], fd["phase"]) == ("Net.softmax", "exp", "introduced", "forward")
+    assert fd["compared_against"].startswith("float64 shadow")
+    assert p["verdict"] == "fail" and p["verified"] is True
+    fwd = [m for m in p["metrics"] if m["kind"] == "op" and m["phase"] == "forward"]
+    before = [m for m in fwd if m["module"] in ("Net.fc1", "Net.act")]
+    after = [m for m in fwd if m["module"] == "Net.fc2"]
+    assert before and all(m["status"] == "ok" and m["total"] is not None for m in before)
+    assert after and all(m["status"] == "inherited" for m in after)
+    # the reference run was comparable: totals, gradients, parameters and the loss curve are there
+    assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4
+    assert p["drift"]["losses_target"][0] == "nan" and len(p["drift"]["losses_reference"]) == 3
+    assert "precision: fail, first divergence Net.softmax:exp (introduced, forward)" in r.stdout
+
+
+def test_fail_on_precision_exits_1(tmp_path):
+    r, _ = _audit(tmp_path, str(NAIVE), "--device", "cpu", "--precision", "--fail-on", "precision", "--steps", "1")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def stable(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stable")
+    return out, *_audit(out, str(NAIVE), "--device", "mlu", "--precision", "--profile", "--", "--stable",
+                        "--iters", "8")
+
+
+def test_stable_control_passes_against_the_float64_run(stable):
+    _, r, doc = stable
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["verdict"] == "pass" and p["first_divergence"] is None, p["summary"]["verdict_reasons"]
+    assert p["drift"]["r2"] > 0.999 and p["not_compared"] == []
+    assert p["verified"] is False and "measured on the CPU, not on mlu" in p["note"]
+
+
+def test_script_profile_has_ops_trace_memory_and_copies(stable):
+    out, r, doc = stable
+    f = doc["profile"]
+    assert f["verified"] is False and f["not_measured"] == [] and f["errors"] == []
+    assert f["steps"] == 2 and len(f["step_ms"]["all"]) == 2 and f["overhead_ratio"] > 0
+    ops = {o["op"]: o for o in f["ops"]}
+    assert ops["aten::addmm"]["calls"] == 2 * 2 and ops["aten::addmm"]["flops"] > 0
+    assert f["memory"]["estimate_bytes"] == 2 * 4 * (32 * 16 + 16 + 16 * 4 + 4)  # params + grads (SGD: no state)
+    assert f["memory"]["peak_bytes"] >= f["memory"]["estimate_bytes"]
+    # loss.item() in the fixture's loop is a sync point, located at its own source line
+    assert any(loc["file"].endswith("naive_softmax_fp16.py") for loc in f["syncs"]["locations"])
+    trace = json.loads((out / f["trace"]).read_text())
+    assert len(trace["traceEvents"]) > 50
+    assert "profile: step" in r.stdout
+
+
+def test_module_and_notebook_targets(tmp_path):
+    r, doc = _audit(tmp_path / "m", "-m", "trainer.train", "--device", "cpu", "--precision", "--profile",
+                    "--steps", "1", cwd=FIX / "runtime" / "modpkg")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert doc["precision"]["verdict"] in ("pass", "warning") and doc["precision"]["metrics"]
+    assert doc["profile"]["ops"]
+    r, doc = _audit(tmp_path / "n", str(FIX / "runtime" / "cuda_notebook.ipynb"), "--device", "mlu",
+                    "--precision", "--profile", "--steps", "1")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p, f = doc["precision"], doc["profile"]
+    assert p["verdict"] == "pass" and any(m["module"] == "Linear" for m in p["metrics"])
+    assert f["ops"] and f["not_measured"]  # three steps: profiled, but the analysis step never came
+
+
+@pytest.mark.parametrize("func", ["module_and_inputs", "step_callable", "own_training_loop"])
+def test_func_targets_of_every_return_form(tmp_path, func):
+    r, doc = _audit(tmp_path, f"{FIX / 'runtime' / 'workload_funcs.py'}:{func}", "--device", "cpu",
+                    "--precision", "--profile", "--steps", "1")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert doc["precision"]["verdict"] == "pass" and doc["precision"]["metrics"]
+    assert doc["profile"]["ops"]
+
+
+def test_section_that_cannot_be_produced_exits_3(tmp_path):
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "no_module.py"), "--device", "cpu", "--precision", "--profile")
+    assert r.returncode == 3, r.stdout[-1500:] + r.stderr[-1500:]
+    assert doc["run"]["status"] == "ok"
+    assert doc["precision"]["verdict"] == "error" and "module forward" in doc["precision"]["error"]
+    assert doc["profile"]["verdict"] == "error" and "no module forward ran" in doc["profile"]["error"]
+    assert "precision: NOT PRODUCED" in r.stdout and "profile: NOT PRODUCED" in r.stdout
