@@ -231,7 +231,8 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
             "timeout": request.get("timeout") or 600.0, "run_device": run_device,
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
             "threads": request.get("threads"), "memory_limit_mb": request.get("memory_limit_mb"),
-            "cwd": request.get("cwd") or os.getcwd(), "capture": False, **extra}
+            "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),
+            **extra}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     return spec_path, result_path, spec

@@ -8,6 +8,8 @@ module ("introduced"), keep the layers before it ok and mark those after it "inh
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -116,3 +118,20 @@ def test_section_that_cannot_be_produced_exits_3(tmp_path):
     assert doc["precision"]["verdict"] == "error" and "module forward" in doc["precision"]["error"]
     assert doc["profile"]["verdict"] == "error" and "no module forward ran" in doc["profile"]["error"]
     assert "precision: NOT PRODUCED" in r.stdout and "profile: NOT PRODUCED" in r.stdout
+
+
+def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
+    """A GradScaler program: the float64 reference and the target run both scale the loss (a CUDA
+    target scales for real; were the reference's scaler disabled, every backward op would differ by
+    the loss scale), and the reference's scaler bookkeeping stays float32 (its kernels refuse float64)."""
+    fixture = ROOT / "tests" / "fixtures" / "precision" / "cuda_autocast_train.py"
+    r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(fixture), "--device", "mlu", "--precision",
+                        "--steps", "3", "--out", str(tmp_path / "out"), "--", "--iters", "3", "--seq", "32"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    p = json.loads((tmp_path / "out" / "audit.json").read_text())["precision"]
+    ref, tgt = p["reference"]["status"], p["target"]["status"]
+    assert ref["status"] == "ok" and tgt["status"] == "ok", (ref.get("error"), tgt.get("error"))
+    for run in (ref, tgt):
+        assert any("loss scale 65536" in line for line in run["output_tail"]), run["output_tail"]
+    assert not any("loss curve" in why or "skipped GradScaler" in why for why in p.get("not_compared") or [])

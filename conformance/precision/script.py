@@ -327,7 +327,20 @@ class ProgramPrecision:
                     owner._record_loss(outputs)
                     owner._scaler_pending = True
                 return real_scale(scaler, outputs)
+            if self.role == "reference":  # the scaler's bookkeeping stays float32 (its kernels refuse float64)
+                scale = self._as_internal(scale)
+                for name in ("unscale_", "update"):
+                    self._patch(GradScaler, name, self._as_internal(getattr(GradScaler, name)))
             self._patch(GradScaler, "scale", scale)
+
+    def _as_internal(self, fn: Any) -> Any:
+        owner = self
+
+        def run(*a, **k):
+            with owner._internal():
+                return fn(*a, **k)
+        run.__wrapped__ = fn  # type: ignore[attr-defined]
+        return run
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         self._saved.append((owner, name, getattr(owner, name)))

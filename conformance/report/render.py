@@ -147,6 +147,15 @@ def _not_collected(value: Any, flag: str) -> Optional[list]:
     return None
 
 
+def _sort_number(value: Any) -> float:
+    """A figure for sorting: numbers as they are, "inf"/"nan" text as floats, anything else 0."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if out != out else out
+
+
 @register_section("precision", "Precision")
 def _precision(value: Any, report: dict, worst: int = 15) -> list:
     early = _not_collected(value, "--precision")
@@ -160,11 +169,12 @@ def _precision(value: Any, report: dict, worst: int = 15) -> list:
                             ("reference", _scalar(value.get("reference"))), ("target", _scalar(value.get("target"))),
                             ("first divergence", _scalar(fd) if fd else "none: every op within its threshold"),
                             ("loss drift (max relative deviation)", drift.get("max_rel_dev")),
-                            ("loss curves R^2", drift.get("r2")), ("note", value.get("note", ""))])]
+                            ("loss curves R^2", drift.get("r2")), ("note", value.get("note", "")),
+                            ("not compared", "; ".join(map(str, value.get("not_compared") or [])))])]
     rows = []
     for m in value.get("metrics") or []:
         loc, tot = m.get("local") or {}, m.get("total") or {}
-        rows.append((bool(loc.get("exceeds")) or bool(tot.get("exceeds")), tot.get("rms_rel") or 0.0, [
+        rows.append((bool(loc.get("exceeds")) or bool(tot.get("exceeds")), _sort_number(tot.get("rms_rel")), [
             m.get("kind"), m.get("phase"), m.get("module"), m.get("op"), m.get("dtype"),
             _scalar(loc.get("max_rel")), _scalar(tot.get("max_rel")), _scalar(tot.get("rms_rel")),
             _scalar(tot.get("cosine")), _scalar((m.get("threshold") or {}).get("rtol_eff")),
@@ -197,7 +207,8 @@ def _profile(value: Any, report: dict, top: int = 12) -> list:
                             ("fallback ms per step", fb.get("ms_per_step")),
                             ("host-device copies", _scalar((value.get("copies") or {}).get("count"))),
                             ("sync points", _scalar((value.get("syncs") or {}).get("count"))),
-                            ("trace", value.get("trace")), ("note", value.get("note", ""))])]
+                            ("trace", value.get("trace")), ("note", value.get("note", "")),
+                            ("not measured", "; ".join(map(str, value.get("not_measured") or [])))])]
     try:
         from hal.conformance.profiling import hotspot_chart_svg
         blocks.append(("svg", hotspot_chart_svg(value)))

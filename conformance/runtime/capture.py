@@ -19,7 +19,7 @@ engine's CPU work runs on that thread too); not meant to be shared across thread
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -260,6 +260,44 @@ class _Synthetic(tuple):
         return super().__new__(cls, (op, captured_as))
 
 
+def enable_program_grad_scalers(patch: Callable[[Any, str, Any], None], present: str,
+                                asked_for: tuple) -> None:
+    """Make a GradScaler that the program enables for a device in ``asked_for`` (``"cuda"``, the
+    target: the device redirect turns those into disabled scalers) run enabled on ``present``, with
+    the program's own arguments (init_scale, growth...), so loss scaling and unscaling happen as on
+    the device. ``patch(owner, name, value)`` installs the replacement classes on ``torch.amp`` and
+    ``torch.cuda.amp`` (the caller restores them). Not thread-safe (process-global attributes)."""
+    import torch.amp.grad_scaler as gs
+    real = gs.GradScaler
+
+    def enable(scaler: Any, device: str, args: tuple, kwargs: dict) -> None:
+        enabled = kwargs.get("enabled", args[4] if len(args) > 4 else True)
+        if enabled and device in asked_for and not getattr(scaler, "_enabled", False):
+            kw = dict(kwargs, enabled=True)
+            real.__init__(scaler, present, *args[:4], **kw)
+
+    amp_cls = torch.amp.GradScaler
+
+    class TargetGradScaler(amp_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
+            super().__init__(device, *args, **kwargs)
+            enable(self, device, args, kwargs)
+
+    patch(torch.amp, "GradScaler", TargetGradScaler)
+    try:
+        import torch.cuda.amp as cuda_amp
+    except ImportError:  # pragma: no cover - every torch we support has it
+        return
+    cuda_cls = cuda_amp.GradScaler
+
+    class TargetCudaGradScaler(cuda_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            enable(self, "cuda", args, kwargs)
+
+    patch(cuda_amp, "GradScaler", TargetCudaGradScaler)
+
+
 class TargetPaths:
     """Make torch take the *target's* code paths where torch picks them by the host's device type.
 
@@ -416,36 +454,7 @@ class TargetPaths:
         self._patch(vf, "dropout", dropout)
 
     def _install_scaler(self) -> None:
-        import torch.amp.grad_scaler as gs
-        real = gs.GradScaler
-        present, asked_for = self.present, ("cuda", self.target)
-
-        def enable(scaler: Any, device: str, args: tuple, kwargs: dict) -> None:
-            enabled = kwargs.get("enabled", args[4] if len(args) > 4 else True)
-            if enabled and device in asked_for and not getattr(scaler, "_enabled", False):
-                kw = dict(kwargs, enabled=True)
-                real.__init__(scaler, present, *args[:4], **kw)
-
-        amp_cls = torch.amp.GradScaler
-
-        class TargetGradScaler(amp_cls):  # type: ignore[misc, valid-type]
-            def __init__(self, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
-                super().__init__(device, *args, **kwargs)
-                enable(self, device, args, kwargs)
-
-        self._patch(torch.amp, "GradScaler", TargetGradScaler)
-        try:
-            import torch.cuda.amp as cuda_amp
-        except ImportError:  # pragma: no cover - every torch we support has it
-            return
-        cuda_cls = cuda_amp.GradScaler
-
-        class TargetCudaGradScaler(cuda_cls):  # type: ignore[misc, valid-type]
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
-                enable(self, "cuda", args, kwargs)
-
-        self._patch(cuda_amp, "GradScaler", TargetCudaGradScaler)
+        enable_program_grad_scalers(self._patch, self.present, ("cuda", self.target))
 
     def remove(self) -> None:
         self._dropout_state = False

@@ -376,6 +376,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                          "folder": os.path.dirname(spec["result_path"])})
         if state.redirect is not None:
             state.redirect.install()
+            if spec.get("precision_role"):  # both precision runs scale the loss as the program asks
+                state.redirect.enable_grad_scalers(("cuda", spec.get("target_device") or "cuda"))
         if spec.get("capture", True):
             capture.__enter__()
             state.capture_active = True

@@ -457,6 +457,13 @@ class DeviceRedirect(TorchFunctionMode):
                 if id(value) in replaced:
                     names[key] = replaced[id(value)]
 
+    def enable_grad_scalers(self, asked_for: tuple) -> None:
+        """After :meth:`install`: a GradScaler the program enables for a device in ``asked_for`` runs
+        enabled on this run's device instead of disabled (the precision runs need the program's loss
+        scaling on both sides of a comparison). Restored by :meth:`remove`."""
+        from hal.conformance.runtime.capture import enable_program_grad_scalers
+        enable_program_grad_scalers(self._patch, self.device, asked_for)
+
     def remove(self) -> None:
         try:
             self.__exit__(None, None, None)
