@@ -171,3 +171,13 @@ def test_predicted_matrix_cell_states_op_support_only_and_renders_hatched(tmp_pa
     assert 'fill="url(#pred)"' in render.to_svg(doc)
     md = render.to_markdown(doc)
     assert f"{cell.status} (predicted)" in md and "| pass" not in md
+
+
+def test_convolution_is_not_a_false_cuda_fallback():
+    """_convolution picks cuDNN on CUDA in C++; the CPU trace only shows oneDNN/slow-conv callees, which
+    once made every CNN a predicted CUDA fallback (the H200 measured it composite: fidelity.json)."""
+    from hal.capabilities import op_status
+    for op in ("aten::convolution", "aten::_convolution"):
+        st = op_status("cuda", op, dtypes=("float32",))
+        assert st.status == "composite", st.reason
+        assert "aten::cudnn_convolution" in st.via

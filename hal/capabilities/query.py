@@ -34,7 +34,7 @@ _RANK = {s: i for i, s in enumerate(STATUSES)}
 Arch = Union[None, int, Sequence[int]]
 
 #: Composites whose implementation picks a backend-specific callee at run time, so a CPU trace does
-#: not show what another device calls: {op: (selector op, candidates in preference order, default)}.
+#: not show what another device calls: {op: (selector op or None, candidates in preference order, default)}.
 #: scaled_dot_product_attention asks _fused_sdp_choice (a per-backend kernel) for flash / efficient /
 #: cudnn / CPU-flash and otherwise runs the math composite (aten/src/ATen/native/transformers/attention.cpp).
 DEVICE_SELECTED = {
@@ -43,6 +43,11 @@ DEVICE_SELECTED = {
         ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
          "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"),
         "aten::_scaled_dot_product_attention_math"),
+    # _convolution picks its backend in C++ (ConvBackend: cuDNN, MIOpen, oneDNN, else the slow kernels);
+    # a CPU trace shows only the CPU's oneDNN/slow-conv callees (no selector op: None)
+    "aten::_convolution": (
+        None, ("aten::cudnn_convolution", "aten::miopen_convolution", "aten::mkldnn_convolution"),
+        "aten::_slow_conv2d_forward"),
 }
 
 
@@ -173,8 +178,8 @@ class _Resolver:
             if op in DEVICE_SELECTED:
                 selector, fused, default = DEVICE_SELECTED[op]
                 chosen = next((c for c in fused if c in man.native_ops), None) \
-                    if selector in man.native_ops else None
-                callees = [selector, chosen] if chosen else [default]
+                    if selector is None or selector in man.native_ops else None
+                callees = [c for c in (selector, chosen) if c] if chosen else [default]
             newer = [c for c in callees if vops is not None and c not in vops]
             callees = [c for c in callees if c not in newer]
             if not callees:
