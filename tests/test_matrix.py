@@ -57,8 +57,64 @@ def test_outputs_are_written_and_escaped(matrix_run):
     evil = Cell("cpu", "<script>alert(1)</script>", "train", "float32", status="fail", reason="<img src=x onerror=1>",
                 ops={"aten::<b>": "fallback"})
     d = document([evil], [], [{"id": "<i>", "command": "</code><script>"}])
-    for text in (render.to_html(d), render.to_svg(d)):
+    # the page's one script element is ours (table sorting, pinned by its CSP hash): take it out before looking
+    page = render.to_html(d).replace(f"<script>{render.SORT_JS}</script>", "")
+    for text in (page, render.to_svg(d)):
         assert "<script>" not in text and "<img" not in text and "aten::<b>" not in text and "&lt;script&gt;" in text
+
+
+HOSTILE = "<img src=x onerror=alert(1)>|`x`[l](javascript:alert(1))![i](https://e.x/i.png)"
+
+
+def _hostile_doc() -> dict:
+    cells = [Cell("cpu", "<script>alert(1)</script>", "train", "float32", status="fail", verified=True, reason=HOSTILE,
+                  ops={"aten::<u>|`": "fallback"}, figures={"fallback_ops": ["aten::<u>|`"], "step_ms": 1.5}),
+             Cell("mlu", "gpt", "train", "float32", status="ops-supported", verified=False,
+                  reason="ops supported, precision not measured " + HOSTILE,
+                  figures={"precision": "not measured", "precision_notes": ["TF32 " + HOSTILE]})]
+    return document(cells, [{"backend": "cpu", "status": "fail", "verified": True, "passed": 1, "failed": 1,
+                             "reason": HOSTILE}], [{"id": "<i>" + HOSTILE, "command": "</code><script>x",
+                                                    "commit": "`a`", "torch": "<u>", "python": "3"}])
+
+
+def test_matrix_templates_escape_hostile_text_in_both_formats():
+    """Issue 22: the matrix is rendered from autoescaped jinja2 templates; text from a run (reason, op
+    name, model, environment) never becomes markup in Markdown or HTML."""
+    d = _hostile_doc()
+    page = render.to_html(d)
+    ours = f"<script>{render.SORT_JS}</script>"
+    assert page.lower().count("<script") == 1 and ours in page
+    rest = page.replace(ours, "")
+    for bad in ("<img", "<script", "<u>", "<i>", "</code><script>", "aten::<u>"):
+        assert bad not in rest, bad
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "aten::&lt;u&gt;|`" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    md = render.to_markdown(d)
+    assert "<" not in md and "](" not in md and "![" not in md, md
+    assert "&lt;img src\\=x onerror\\=alert\\(1\\)&gt;" in md and "\\|" in md
+    # op names and commands: escaped text when they hold anything markup-like (else a code span)
+    assert "aten\\:\\:&lt;u&gt;\\|\\`" in md and "&lt;/code&gt;&lt;script&gt;x" in md
+    assert render.to_markdown(document([Cell("cpu", "m", "train", "float32", ops={"aten::a|b": "fallback"})], [],
+                                       [])).count("` aten::a\\|b `") == 1
+    assert "aten::<u>" not in md
+    # the honesty survives: predicted cells say so in both formats
+    assert "ops-supported (predicted)" in md and "ops-supported (predicted)" in page
+    assert "precision not measured" in md and "precision not measured" in page
+
+
+def test_matrix_html_is_sortable_self_contained_and_laid_out_for_1400px():
+    from hal.conformance.report.render import CSP
+    page = render.to_html(_hostile_doc())
+    assert page.startswith("<!DOCTYPE html>")
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
+    assert "script-src 'sha256-" in CSP and "default-src 'none'" in CSP
+    assert page.count('<table class="sortable') == 4  # status grid, cells, per-op, collectives
+    assert "max-width:1400px" in page and "table.sortable th" in page
+    assert "http://" not in page.replace(' xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page.replace(
+        "https://e.x/i.png", "")
+    # predicted cells: hatched, in a neutral colour, not a measured green
+    assert "class='st pred' style='background-color:" + render.COLOURS["ops-supported"] in page
+    assert render.COLOURS["ops-supported"] != render.COLOURS["pass"]
 
 
 def test_timeout_cell_is_marked_and_killed(monkeypatch):

@@ -25,7 +25,9 @@ MUST_SHIP = ["hal/py.typed", "hal/schemas/hal-audit-1.schema.json", "hal/schemas
              "hal/backends/mlu/manifest.json", "hal/backends/mlu/migration_rules.yaml",
              "hal/backends/mlu/mlu_api_symbols.txt", "hal/backends/cuda/manifest.json",
              "hal/capabilities/data/aten_ops.json", "hal/capabilities/data/torch-2.4.0-ops.tsv",
-             "hal/conformance/migration/hal_map.yaml", "hal/conformance/runtime/onnx_map.yaml"]
+             "hal/conformance/migration/hal_map.yaml", "hal/conformance/runtime/onnx_map.yaml",
+             "hal/conformance/report/templates/audit.html.j2", "hal/conformance/matrix/templates/compat-matrix.md.j2",
+             "hal/conformance/matrix/templates/compat-matrix.html.j2"]
 
 
 def _folders() -> dict[str, pathlib.Path]:

@@ -1,17 +1,30 @@
 """Render a ``hal-compat-matrix/1`` document as Markdown, self-contained HTML and an SVG heatmap.
 
-Every string that can come from a run (reasons, op names, environment fields) is escaped: Markdown
-through :func:`hal.conformance.report.escape.markdown` (no markup survives) or, inside code spans,
-with backticks removed and ``|`` escaped; HTML and SVG go through :func:`html.escape`.
+Markdown and HTML come from jinja2 templates (``templates/compat-matrix.{md,html}.j2`` in this
+package, shipped as package data) with autoescaping, like the audit reports
+(:mod:`hal.conformance.report.render`): :func:`_context` turns the document into plain values and
+every value a template prints goes through the format's escaper unless it is
+:class:`markupsafe.Markup` built here from escaped parts. Markdown: text made only of letters,
+digits, spaces and ``. , : ; ( ) / + % = -`` is printed as it is (nothing in it can form markup);
+anything else goes through :func:`hal.conformance.report.escape.markdown` (no markup survives) or,
+for op names and commands, a code span longer than any backtick run inside. HTML goes through
+:func:`hal.conformance.report.escape.html_text`; the page reuses the audit report's CSS, its one
+inline table-sorting script and the Content-Security-Policy that pins it by hash, and loads nothing.
+The SVG is built here with :func:`html.escape` on every label.
 """
 from __future__ import annotations
 
+import functools
 import html
+import pathlib
+import re
 from typing import Any
 
-from tabulate import tabulate
+import jinja2
+from markupsafe import Markup
 
 from hal.conformance.report import escape
+from hal.conformance.report.render import _MD_UNSAFE_IN_CODE, CSP, CSS, SORT_JS, md_code
 
 COLOURS = {"pass": "#2e7d32", "pass-with-fallback": "#9e9d24", "precision-fail": "#ef6c00", "fail": "#c62828",
            "crashed": "#6a1b9a", "timeout": "#4e342e", "not-run": "#9e9e9e",
@@ -24,25 +37,9 @@ OP_COLOURS = {"native": "#2e7d32", "composite": "#558b2f", "fallback": "#ef6c00"
               "unknown": "#9e9e9e"}
 
 
-def _md(text: Any, limit: int = 0) -> str:
-    """Literal Markdown text, cut to ``limit`` characters before escaping (0: no cut)."""
-    text = " ".join(str(text).split())
-    return escape.markdown(text[:limit] if limit else text)
-
-
-def _code(text: Any) -> str:
-    """Text for inside a Markdown code span in a table cell."""
-    return escape.printable(" ".join(str(text).split())).replace("`", "'").replace("|", "\\|")
-
-
 def _label(cell: dict) -> str:
     how = "verified" if cell["verified"] else ("predicted" if cell["status"] != "not-run" else "")
     return f"{cell['status']}" + (f" ({how})" if how else "")
-
-
-def _fig(cell: dict, key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    v = cell.get("figures", {}).get(key)
-    return fmt.format(v * scale) if isinstance(v, (int, float)) else "—"
 
 
 def _grid(doc: dict) -> tuple[list[str], list[tuple[str, str, str]], dict]:
@@ -52,46 +49,112 @@ def _grid(doc: dict) -> tuple[list[str], list[tuple[str, str, str]], dict]:
     return backends, rows, by
 
 
-def to_markdown(doc: dict) -> str:
+TEMPLATES = pathlib.Path(__file__).resolve().parent / "templates"
+_MD_PLAIN = re.compile(r"[A-Za-z0-9 .,:;()/+%=\-]*")
+#: matrix-only styles on top of the audit report's CSS: status cells, predicted hatching, legend swatches
+MATRIX_CSS = (".grid th{white-space:nowrap}.grid td.st{color:#fff;font-weight:600;min-width:11em}.grid td.st small{font-weight:400;opacity:.95}"
+              ".pred{background-image:repeating-linear-gradient(45deg,transparent 0 5px,rgba(255,255,255,.35) 5px 8px)}"
+              ".sw{display:inline-block;color:#fff;border-radius:3px;padding:.1em .5em;margin:.15em .3em .15em 0;"
+              "font-size:.92em}td.op{color:#fff}.picture{overflow-x:auto}.summary span{margin-right:1em;"
+              "white-space:nowrap}td.reason{min-width:24em;word-break:break-word}")
+
+
+def md_text(value: Any) -> str:
+    """Literal Markdown text: plain words pass as they are, anything else is escaped."""
+    s = " ".join(escape.printable("" if value is None else value).split())
+    return s if _MD_PLAIN.fullmatch(s) and not s.startswith(("-", "+", "=")) else escape.markdown(s)
+
+
+def md_span(value: Any) -> Markup:
+    """An op name, id or command as an inline code span (fence longer than any backtick run inside,
+    ``|`` escaped) when nothing in it could be taken for markup by a naive viewer (``<``, ``&``, a
+    backtick, ``](``, ``![``); else escaped text, which renders as the exact string."""
+    s = escape.printable("" if value is None else value)
+    if _MD_UNSAFE_IN_CODE.search(s.replace(" && ", " ; ")):
+        return Markup(escape.markdown(s))
+    return md_code(s)
+
+
+def _md_finalize(value: Any) -> Any:
+    return value if isinstance(value, Markup) else Markup(md_text(value))
+
+
+def _html_finalize(value: Any) -> Any:
+    return value if isinstance(value, Markup) else Markup(escape.html_text("" if value is None else value))
+
+
+@functools.lru_cache(maxsize=None)
+def _env(fmt: str) -> jinja2.Environment:
+    """The matrix's template environment for ``fmt`` (md | html); autoescaping on for both."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             finalize=_html_finalize if fmt == "html" else _md_finalize,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update(md_code=md_span, cut=lambda v, n: " ".join(str(v).split())[:n],
+                       op_status=lambda b, v: v.get(b, "—"))
+    env.globals.update(SORT_JS=Markup(SORT_JS), CSP=Markup(CSP),
+                       CSS=Markup(CSS + MATRIX_CSS), COLOURS=COLOURS, OP_COLOURS=OP_COLOURS,
+                       LEGEND=LEGEND)
+    return env
+
+
+def _num(v: Any, scale: float = 1.0) -> Any:
+    return v * scale if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _context(doc: dict) -> dict:
+    """The document as plain values for the templates (nothing escaped here; the templates do it)."""
     backends, rows, by = _grid(doc)
-    out = ["# HAL compatibility matrix", "",
-           "Each cell: status, and how we know — **verified** = measured on that device; **predicted** = "
-           "derived from the backend's capability manifest on a machine without the device: it states op support "
-           "only (ops-supported / ops-fallback / ops-unsupported), precision not measured, and carries the manifest's "
-           "precision notes (TF32 defaults, float64 computed as float32, dtype gates).", ""]
-    s = doc.get("summary", {})
-    out.append(", ".join(f"{k}: {v}" for k, v in s.items()))
-    out += ["", "## Status", ""]
-    table = [[m, mo, dt] + [_label(by[(m, mo, dt, b)]) if (m, mo, dt, b) in by else "—" for b in backends]
-             for m, mo, dt in rows]
-    out.append(tabulate(table, headers=["model", "mode", "dtype", *backends], tablefmt="github"))
-    out += ["", "## Figures", ""]
-    fig_rows = []
+    grid = []
+    for m, mo, dt in rows:
+        tds = []
+        for b in backends:
+            c = by.get((m, mo, dt, b))
+            if not c:
+                tds.append(None)
+                continue
+            figs = c.get("figures", {})
+            detail = []
+            if _num(figs.get("step_ms")) is not None:
+                detail.append(f"{figs['step_ms']:.2f} ms/step")
+            if figs.get("fallback_ops"):
+                detail.append(f"{len(figs['fallback_ops'])} fallback ops")
+            notes = figs.get("precision_notes") or []
+            if notes:
+                detail.append("; ".join(notes[:2]))
+            tds.append({"label": _label(c), "status": c["status"], "reason": c.get("reason", ""),
+                        "predicted": not c["verified"] and c["status"] != "not-run",
+                        "colour": COLOURS.get(c["status"], "#999"), "detail": ", ".join(detail)})
+        grid.append({"model": m, "mode": mo, "dtype": dt, "cells": tds,
+                     "labels": [c["label"] if c else "—" for c in tds]})
+    cells = []
     for c in doc["cells"]:
-        fig_rows.append([c["backend"], c["model"], c["mode"], c["dtype"], _label(c), _fig(c, "step_ms"),
-                         _fig(c, "peak_bytes", 1 / 2**20, "{:.0f}"), c.get("figures", {}).get("precision", "—"),
-                         len(c.get("figures", {}).get("fallback_ops", [])), _md(c.get("reason", ""), 160)])
-    out.append(tabulate(fig_rows, headers=["backend", "model", "mode", "dtype", "status", "step ms", "peak MiB",
-                                           "precision", "fallback ops", "reason"], tablefmt="github"))
-    if doc.get("collectives"):
-        out += ["", "## Collectives", ""]
-        out.append(tabulate([[r["backend"], r["status"], "verified" if r.get("verified") else "—",
-                              r.get("passed", "—"), r.get("failed", "—"), _md(r.get("reason", ""))]
-                             for r in doc["collectives"]],
-                            headers=["backend", "status", "how", "passed", "failed", "reason"], tablefmt="github"))
-    if doc.get("per_op"):
-        obs = sorted({b for v in doc["per_op"].values() for b in v})
-        interesting = {op: v for op, v in doc["per_op"].items() if any(s not in ("native", "composite") for s in v.values())}
-        out += ["", f"## Ops that are not native everywhere ({len(interesting)} of {len(doc['per_op'])})", ""]
-        out.append(tabulate([[f"`{_code(op)}`"] + [v.get(b, "—") for b in obs] for op, v in interesting.items()],
-                            headers=["op", *obs], tablefmt="github"))
-    out += ["", "## Environments", ""]
+        figs = c.get("figures", {})
+        step, peak = _num(figs.get("step_ms")), _num(figs.get("peak_bytes"), 1 / 2**20)
+        cells.append({"backend": c["backend"], "model": c["model"], "mode": c["mode"], "dtype": c["dtype"],
+                      "label": _label(c), "status": c["status"],
+                      "step_ms": "—" if step is None else f"{step:.2f}", "step_v": -1 if step is None else step,
+                      "peak_mib": "—" if peak is None else f"{peak:.0f}", "peak_v": -1 if peak is None else peak,
+                      "precision": figs.get("precision", "—"),
+                      "fallback_ops": list(figs.get("fallback_ops", [])), "reason": c.get("reason", "")})
+    per_op = doc.get("per_op") or {}
+    op_backends = sorted({b for v in per_op.values() for b in v})
+    not_native = {op: v for op, v in per_op.items() if any(s not in ("native", "composite") for s in v.values())}
+    envs = []
     for env in doc.get("environments", []):
         devs = "; ".join(f"{name}: " + ", ".join(str(d.get("name")) for d in b.get("devices", []))
                          for name, b in env.get("backends", {}).items() if b.get("available"))
-        out.append(f"- `{_code(env.get('id', '?'))}`: torch {_md(env.get('torch'))}, python {_md(env.get('python'))}, "
-                   f"commit `{_code(env.get('commit'))}`, devices: {_md(devs)}; command: `{_code(env.get('command'))}`")
-    return "\n".join(out) + "\n"
+        envs.append({"id": env.get("id", "?"), "torch": str(env.get("torch")), "python": str(env.get("python")),
+                     "commit": str(env.get("commit")), "command": str(env.get("command")), "devices": devs})
+    return {"schema": doc.get("schema", "hal-compat-matrix/1"), "summary": list(doc.get("summary", {}).items()),
+            "backends": backends, "grid": grid, "cells": cells, "collectives": doc.get("collectives") or [],
+            "per_op": per_op, "op_backends": op_backends, "not_native": not_native, "environments": envs,
+            "merged_from": doc.get("merged_from") or []}
+
+
+def to_markdown(doc: dict) -> str:
+    """``compat-matrix.md`` from ``templates/compat-matrix.md.j2`` (every value escaped for Markdown)."""
+    return _env("md").get_template("compat-matrix.md.j2").render(**_context(doc))
 
 
 def to_svg(doc: dict, cell_w: int = 150, cell_h: int = 26) -> str:
@@ -125,66 +188,7 @@ def to_svg(doc: dict, cell_w: int = 150, cell_h: int = 26) -> str:
 
 
 def to_html(doc: dict) -> str:
-    e = html.escape
-    backends, rows, by = _grid(doc)
-    css = ("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
-           "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#f3f3f3}"
-           ".st{color:#fff;font-weight:bold}.pred{background-image:repeating-linear-gradient(45deg,transparent 0 5px,"
-           "rgba(255,255,255,.35) 5px 8px)}code{font-size:12px}")
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>HAL compatibility matrix</title><style>{css}</style></head><body>",
-           "<h1>HAL compatibility matrix</h1>",
-           "<p><b>verified</b> (solid): measured on that device. <b>predicted</b> (hatched blue-grey): derived from the "
-           "backend's capability manifest on a machine without the device; it states op support only "
-           "(ops-supported / ops-fallback / ops-unsupported), precision not measured, with the manifest's precision "
-           "notes (TF32 defaults, float64 computed as float32, dtype gates).</p>",
-           "<p>" + e(", ".join(f"{k}: {v}" for k, v in doc.get("summary", {}).items())) + "</p>",
-           "<table><tr><th>model</th><th>mode</th><th>dtype</th>" + "".join(f"<th>{e(b)}</th>" for b in backends) + "</tr>"]
-    for m, mo, dt in rows:
-        tds = []
-        for b in backends:
-            c = by.get((m, mo, dt, b))
-            if not c:
-                tds.append("<td>—</td>")
-                continue
-            cls = "st" + ("" if c["verified"] or c["status"] == "not-run" else " pred")
-            figs = c.get("figures", {})
-            detail = []
-            if isinstance(figs.get("step_ms"), (int, float)):
-                detail.append(f"{figs['step_ms']:.2f} ms/step")
-            if figs.get("fallback_ops"):
-                detail.append(f"{len(figs['fallback_ops'])} fallback ops")
-            notes = figs.get("precision_notes") or []
-            if notes:
-                detail.append("; ".join(notes[:2]))
-            # background-color, not the background shorthand: that would reset the hatching's background-image
-            tds.append(f"<td class='{cls}' style='background-color:{COLOURS.get(c['status'], '#999')}' "
-                       f"title='{e(c.get('reason', ''))}'>"
-                       f"{e(_label(c))}<br><small>{e(', '.join(detail))}</small></td>")
-        out.append(f"<tr><td>{e(m)}</td><td>{e(mo)}</td><td>{e(dt)}</td>{''.join(tds)}</tr>")
-    out.append("</table>")
-    out.append("<h2>Picture</h2>" + to_svg(doc))
-    out.append("<h2>Cells</h2><table><tr><th>cell</th><th>status</th><th>reason</th><th>fallback ops</th></tr>")
-    for c in doc["cells"]:
-        fb = ", ".join(c.get("figures", {}).get("fallback_ops", []))
-        out.append(f"<tr><td>{e('/'.join(c[k] for k in ('backend', 'model', 'mode', 'dtype')))}</td><td>{e(_label(c))}</td>"
-                   f"<td>{e(c.get('reason', ''))}</td><td><code>{e(fb)}</code></td></tr>")
-    out.append("</table>")
-    if doc.get("per_op"):
-        obs = sorted({b for v in doc["per_op"].values() for b in v})
-        out.append("<h2>Per-op support</h2><table><tr><th>op</th>" + "".join(f"<th>{e(b)}</th>" for b in obs) + "</tr>")
-        for op, v in doc["per_op"].items():
-            out.append(f"<tr><td><code>{e(op)}</code></td>" + "".join(
-                f"<td style='background-color:{OP_COLOURS.get(v.get(b, ''), '#fff')};color:#fff'>{e(v.get(b, '—'))}</td>" for b in obs) + "</tr>")
-        out.append("</table>")
-    if doc.get("collectives"):
-        out.append("<h2>Collectives</h2><table><tr><th>backend</th><th>status</th><th>how</th><th>reason</th></tr>")
-        for r in doc["collectives"]:
-            out.append(f"<tr><td>{e(r['backend'])}</td><td>{e(r['status'])}</td><td>{'verified' if r.get('verified') else '—'}</td>"
-                       f"<td>{e(r.get('reason', ''))}</td></tr>")
-        out.append("</table>")
-    out.append("<h2>Environments</h2><ul>")
-    for env in doc.get("environments", []):
-        out.append(f"<li><code>{e(env.get('id', '?'))}</code>: torch {e(str(env.get('torch')))}, commit "
-                   f"<code>{e(str(env.get('commit')))}</code>, command <code>{e(str(env.get('command')))}</code></li>")
-    out.append("</ul></body></html>")
-    return "\n".join(out)
+    """``compat-matrix.html`` from ``templates/compat-matrix.html.j2``: self-contained (inline CSS, the
+    audit report's one sorting script pinned by its CSP hash, the SVG heatmap inline), every string
+    escaped, sortable tables, laid out for a 1400 px window."""
+    return _env("html").get_template("compat-matrix.html.j2").render(**_context(doc), svg=Markup(to_svg(doc)))
