@@ -232,7 +232,7 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
             "threads": request.get("threads"), "memory_limit_mb": request.get("memory_limit_mb"),
             "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),
-            **extra}
+            "section_hooks": "hal.conformance.workload_audit:program_hooks", **extra}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     return spec_path, result_path, spec
@@ -277,9 +277,18 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
             out["precision"] = _program_precision(request, workdir, info, run_device, note)
         if want_f:
             steps = request.get("steps") or PROGRAM_PROFILE_STEPS
-            res = _run_program(request, workdir, "profile", run_device, 2 + 2 * steps, profile_program=True,
-                               profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
+            def profile_run(name: str) -> dict:
+                return _run_program(request, workdir, name, run_device, 2 + 2 * steps, profile_program=True,
+                                    profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
+            res = profile_run("profile")
+            crashed = (res.get("run") or {}).get("status") == "crashed"
+            if crashed:  # torch.profiler itself crashes now and then (seen: SIGSEGV on 2.4.1 and 2.13): once more
+                first = _run_line(res)
+                res = profile_run("profile-retry")
             prof = res.get("profile_run")
+            if crashed and prof:
+                prof.setdefault("not_measured", []).append(
+                    f"the first profiled run crashed ({first.get('error')}); these figures are from a second run")
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
                 run = res.get("run") or {}
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"

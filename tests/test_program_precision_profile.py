@@ -8,6 +8,7 @@ module ("introduced"), keep the layers before it ok and mark those after it "inh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -135,3 +136,14 @@ def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
     for run in (ref, tgt):
         assert any("loss scale 65536" in line for line in run["output_tail"]), run["output_tail"]
     assert not any("loss curve" in why or "skipped GradScaler" in why for why in p.get("not_compared") or [])
+
+
+def test_a_crashed_profile_run_is_run_once_more(tmp_path):
+    counter = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(FIX / "precision" / "crash_once.py"), "--device",
+                        "cpu", "--profile", "--steps", "1", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HAL_TEST_RUN_COUNTER": str(counter)})
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    prof = json.loads((tmp_path / "out" / "audit.json").read_text())["profile"]
+    assert prof["ops"] and any("first profiled run crashed" in why for why in prof["not_measured"])
+    assert counter.read_text() == "3"  # the capture run, the crashed profile run, the second one

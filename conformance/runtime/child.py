@@ -94,12 +94,15 @@ class _State:
 
 
 def _section_hooks(spec: dict, modules: Any, limiter: Any) -> list:
-    """The ``--precision`` / ``--profile`` hooks a run asks for (spec ``precision_role`` or
-    ``profile_program``; see :func:`hal.conformance.workload_audit.program_hooks`), installed."""
-    if not (spec.get("precision_role") or spec.get("profile_program")):
+    """The ``--precision`` / ``--profile`` hooks a run asks for, installed: spec ``section_hooks``
+    names their factory as ``"module:function"`` (called with ``(spec, modules, limiter)``), so the
+    runtime child never imports the suites that drive it."""
+    factory = spec.get("section_hooks")
+    if not factory:
         return []
-    from hal.conformance.workload_audit import program_hooks
-    return program_hooks(spec, modules, limiter)
+    import importlib
+    module, _, name = factory.partition(":")
+    return getattr(importlib.import_module(module), name)(spec, modules, limiter)
 
 
 def _hook_results(hooks: list) -> dict:
