@@ -69,7 +69,8 @@ RULES = {
     "runtime-redirect-autocast": ("warning", "CUDA autocast ran as {dev} autocast in {dtype} during the audit "
                                   "(the dtype the program asked for: {asked})",
                                   "use torch.autocast(device_type=<target>) with a dtype the target supports"),
-    "runtime-redirect-grad-scaler": ("info", "a CUDA GradScaler ran disabled on {dev} during the audit",
+    "runtime-redirect-grad-scaler": ("info", "a GradScaler for CUDA was created; during the audit it ran on {dev} "
+                                     "(enabled only where the audit predicts the target's paths or compares precision)",
                                      "use torch.amp.GradScaler(<target>) (torch_mlu supports 'mlu')"),
     "runtime-redirect-nccl": ("warning", "init_process_group({asked!r}) used gloo during the audit",
                                 "use the target's collective backend (cncl on MLU) or hal.collectives"),
