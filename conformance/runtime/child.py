@@ -309,18 +309,23 @@ def _start_progress(path: str, limiter: Any, capture: Any) -> None:
     ``path`` (temp file + rename) every :data:`PROGRESS_EVERY_S` while it changes; the parent shows
     it. It touches no tensor and never raises into the program."""
     replace, dumps, sleep = os.replace, json.dumps, time.sleep  # bound now: the program may patch them
+    # a program that forks (multiprocessing's fork start method) never forks in the middle of a write:
+    # the fork waits for the writer's turn to end, and the child (which has no writer thread) drops it
+    turn = threading.Lock()
+    os.register_at_fork(before=turn.acquire, after_in_parent=turn.release, after_in_child=turn.release)
 
     def loop() -> None:
         last = None
         while True:
             sleep(PROGRESS_EVERY_S)
             try:
-                now = (limiter.steps, len(capture.shapes))
-                if now != last:
-                    with open(path + ".tmp", "w") as fh:
-                        fh.write(dumps({"steps": now[0], "ops": now[1]}))
-                    replace(path + ".tmp", path)
-                    last = now
+                with turn:
+                    now = (limiter.steps, len(capture.shapes))
+                    if now != last:
+                        with open(path + ".tmp", "w") as fh:
+                            fh.write(dumps({"steps": now[0], "ops": now[1]}))
+                        replace(path + ".tmp", path)
+                        last = now
             except Exception:  # progress is a nicety: never disturb the program
                 return
 
