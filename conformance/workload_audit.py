@@ -244,6 +244,10 @@ def _run_program(request: dict, workdir: str, name: str, run_device: str, steps:
     return run_child(spec_path, result_path, spec["timeout"], env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+#: how many times a crashed profile run is run again
+PROFILE_RETRIES = 2
+
+
 def _run_line(res: dict) -> dict:
     run = res.get("run") or {}
     return {k: run.get(k) for k in ("status", "error", "steps", "optimizer_steps", "backward_passes", "stopped_by",
@@ -280,15 +284,17 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
             def profile_run(name: str) -> dict:
                 return _run_program(request, workdir, name, run_device, 2 + 2 * steps, profile_program=True,
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
-            res = profile_run("profile")
-            crashed = (res.get("run") or {}).get("status") == "crashed"
-            if crashed:  # torch.profiler itself crashes now and then (seen: SIGSEGV on 2.4.1 and 2.13): once more
-                first = _run_line(res)
-                res = profile_run("profile-retry")
+            # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
+            # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box): a crashed run is run again, twice at most
+            res, crashes = profile_run("profile"), []
+            while (res.get("run") or {}).get("status") == "crashed" and len(crashes) < PROFILE_RETRIES:
+                crashes.append((res.get("run") or {}).get("error"))
+                res = profile_run(f"profile-retry{len(crashes)}")
             prof = res.get("profile_run")
-            if crashed and prof:
+            if crashes and prof:
                 prof.setdefault("not_measured", []).append(
-                    f"the first profiled run crashed ({first.get('error')}); these figures are from a second run")
+                    f"{len(crashes)} profiled run(s) crashed before this one ({'; '.join(map(str, crashes))}); "
+                    "these figures are from the last run")
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
                 run = res.get("run") or {}
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"

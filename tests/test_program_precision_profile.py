@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from hal.conformance import workload_audit as wa
 from tests.conftest import ROOT, run_cli
 
 FIX = ROOT / "tests" / "fixtures"
@@ -138,12 +139,19 @@ def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
     assert not any("loss curve" in why or "skipped GradScaler" in why for why in p.get("not_compared") or [])
 
 
-def test_a_crashed_profile_run_is_run_once_more(tmp_path):
+def test_a_crashed_profile_run_is_run_again(tmp_path):
+    """The fixture kills its first profiled run (its second run in all); the audit runs it again. torch.profiler
+    may crash a later run for real (about 1 in 6 here), so the outcome is either a profile that says a run
+    crashed before it, or an error after every allowed run crashed -- never a profile silent about the crash."""
     counter = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(FIX / "precision" / "crash_once.py"), "--device",
                         "cpu", "--profile", "--steps", "1", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "HAL_TEST_RUN_COUNTER": str(counter)})
-    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    runs = int(counter.read_text())
+    assert runs >= 3, "no second profiled run after the crash"  # the capture run, the crashed one, at least one more
     prof = json.loads((tmp_path / "out" / "audit.json").read_text())["profile"]
-    assert prof["ops"] and any("first profiled run crashed" in why for why in prof["not_measured"])
-    assert counter.read_text() == "3"  # the capture run, the crashed profile run, the second one
+    if prof.get("verdict") == "error":  # every allowed run crashed
+        assert r.returncode == 3 and runs == 2 + wa.PROFILE_RETRIES and "crashed" in prof["error"]
+    else:
+        assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+        assert prof["ops"] and any("crashed before this one" in why for why in prof["not_measured"])
