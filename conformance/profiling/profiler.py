@@ -198,6 +198,19 @@ def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_m
     return rows, runtime
 
 
+
+def annotate_rows(rows: list, analysis: dict, peaks: Any, has_device: bool, steps: int) -> None:
+    """Give each op row (in place) its FLOPs, bytes and dtype from ``analysis`` and its roofline
+    figures from the per-step time (device time where measured, else host self time)."""
+    for r in rows:
+        a = analysis["ops"].get(r["op"])
+        r["flops"] = int(a["flops"]) if a else None
+        r["bytes"] = int(a["bytes"]) if a else None
+        r["dtype"] = a["dtype"] if a else None
+        op_ms = r["device_ms"] if has_device else r["self_ms"]
+        r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"],
+                                                         (op_ms or 0) / steps, peaks)
+
 def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 3, warmup: int = 2,
                      out_dir: Optional[str] = None, model: Optional[torch.nn.Module] = None,
                      fallback_ops: Optional[Iterable[str]] = None, memory_estimate: Optional[dict] = None,
@@ -232,14 +245,7 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
     analysis = analyse_step(step_fn, model)
     dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
     peaks, peaks_source = resolve_peaks(backend, dtypes, measure=measure_peaks)
-    for r in rows:
-        a = analysis["ops"].get(r["op"])
-        r["flops"] = int(a["flops"]) if a else None
-        r["bytes"] = int(a["bytes"]) if a else None
-        r["dtype"] = a["dtype"] if a else None
-        op_ms = r["device_ms"] if has_device else r["self_ms"]
-        r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"],
-                                                         (op_ms or 0) / steps, peaks)
+    annotate_rows(rows, analysis, peaks, has_device, steps)
 
     fb_names = set(fallback_ops or ())
     fb_rows = [r for r in rows if r["op"] in fb_names]

@@ -340,7 +340,8 @@ class ProgramProfile:
         from hal.backend import dtype_name  # noqa: F401 - keeps the import light at install time
 
         from .profiler import DEFINITIONS, _host_device_bandwidth, _op_rows
-        from .roofline import resolve_peaks, roofline_row
+        from .profiler import annotate_rows
+        from .roofline import resolve_peaks
         not_measured: List[str] = []
         need = 2 + 2 * self.P
         if self.step < need:
@@ -367,13 +368,7 @@ class ProgramProfile:
         dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
         peaks, peaks_source = resolve_peaks(self.backend, dtypes, measure=bool(rows))
         n = max(1, len(self.profiled))
-        for r in rows:
-            a = analysis["ops"].get(r["op"])
-            r["flops"] = int(a["flops"]) if a else None
-            r["bytes"] = int(a["bytes"]) if a else None
-            r["dtype"] = a["dtype"] if a else None
-            op_ms = r["device_ms"] if has_device else r["self_ms"]
-            r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"], (op_ms or 0) / n, peaks)
+        annotate_rows(rows, analysis, peaks, has_device, n)
         fb_names = set(self.spec.get("fallback_ops") or ())
         fb_rows = [r for r in rows if r["op"] in fb_names]
         for r in rows:
