@@ -8,7 +8,8 @@
 Contract: nothing is written anywhere when ``quiet`` is true, when ``stream`` (default
 ``sys.stderr``) is not a TTY, or when ``TERM=dumb``; rich is then not even imported. The display is
 transient (cleared when the ``with`` block ends, also on an error), so stdout and the one-line
-error of a failing command are never mixed with it. Calls are thread-safe (rich's Progress locks).
+error of a failing command are never mixed with it. Every call is drawn at once (a phase shorter than
+rich's refresh tick is still shown, with its counts). Calls are thread-safe (rich's Progress locks).
 A phase name not in the list is shown without advancing the bar.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ class RichProgress(NullProgress):
     def __call__(self, phase: str, **counts: Any) -> None:
         detail = ", ".join(_count(k, v) for k, v in counts.items() if v is not None)
         done = self.phases.index(phase) if phase in self.phases else None
-        self._bar.update(self._task, description=phase, detail=detail,
+        self._bar.update(self._task, description=phase, detail=detail, refresh=True,
                          **({"completed": done} if done is not None else {}))
 
     def __enter__(self) -> "RichProgress":
