@@ -24,9 +24,10 @@ from hal.commandline import CliError, emit, run_cli
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    from hal.models import WORKLOAD_NAMES
+    from hal.models import workload_arg
     p = argparse.ArgumentParser(prog="python -m hal.models.run", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, choices=WORKLOAD_NAMES)
+    p.add_argument("--model", required=True, type=workload_arg,
+                   help="gpt, cnn, moe or hf:<arch> (hal.models.hf.HF_NAMES)")
     p.add_argument("--config", default="tiny")
     p.add_argument("--device", default="cpu", help="HAL backend / torch device name (cpu, <type>:<index>)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))

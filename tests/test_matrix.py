@@ -108,7 +108,7 @@ def test_matrix_html_is_sortable_self_contained_and_laid_out_for_1400px():
     assert page.startswith("<!DOCTYPE html>")
     assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
     assert "script-src 'sha256-" in CSP and "default-src 'none'" in CSP
-    assert page.count('<table class="sortable') == 4  # status grid, cells, per-op, collectives
+    assert page.count('<table class="sortable') == 5  # status grid, cells, per-op, ops x models, collectives
     assert "max-width:1400px" in page and "table.sortable th" in page
     assert "http://" not in page.replace(' xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page.replace(
         "https://e.x/i.png", "")
@@ -135,6 +135,37 @@ def _doc(*cells, env="e"):
     return document(list(cells), [], [{"id": env}])
 
 
+def test_real_architectures_name_the_ops_that_block_them_on_mlu(tmp_path):
+    """Two transformers models in parallel cells: wav2vec2's CTC loss has no MLU kernel
+    (torch_mlu_kernels.tsv), so its predicted cell falls back with calls and bytes per step, and the
+    op x model table names the model that needs the op; Mixtral's router does not."""
+    out = tmp_path / "m"
+    r = run_cli("hal", "matrix", "--devices", "cpu,mlu", "--models", "hf:wav2vec2,hf:mixtral", "--modes", "train",
+                "--dtypes", "float32", "--no-precision", "--no-collectives", "--steps", "1", "--jobs", "2",
+                "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((out / "compat-matrix.json").read_text())
+    assert doc["jobs"] == 2 and len(doc["cells"]) == 4
+    cells = {(c["backend"], c["model"]): c for c in doc["cells"]}
+    w2v = cells[("mlu", "hf:wav2vec2")]
+    assert w2v["status"] == "ops-fallback" and not w2v["verified"]
+    ctc = {d["op"]: d for d in w2v["figures"]["not_native"]}
+    assert {"aten::_ctc_loss.Tensor", "aten::_ctc_loss_backward.Tensor"} <= set(ctc)
+    assert all(d["calls_per_step"] >= 1 and d["bytes_per_step"] > 0 for d in ctc.values())
+    assert cells[("cpu", "hf:wav2vec2")]["status"] == "pass" and cells[("cpu", "hf:wav2vec2")]["verified"]
+    assert doc["op_models"]["aten::_ctc_loss.Tensor"] == ["hf:wav2vec2"]
+    assert set(doc["op_models"]["aten::mm"]) == {"hf:wav2vec2", "hf:mixtral"}
+    assert "aten::_ctc_loss.Tensor" not in cells[("mlu", "hf:mixtral")]["ops"]
+    md = (out / "compat-matrix.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| ` aten::_ctc_loss.Tensor ` |"))
+    assert "| fallback |" in row and row.rstrip().endswith("| hf:wav2vec2 |"), row
+    page = (out / "compat-matrix.html").read_text()
+    grid = page[page.index('<section id="op-models">'):]
+    assert "<th>hf:mixtral</th>" in grid and "fallback: mlu<br><small>" in grid
+    assert grid.index("aten::_ctc_loss.Tensor") < grid.index("aten::mm<")  # blocking ops first
+    assert merge.check_schema(doc, "doc") is doc
+
+
 def test_merge_prefers_verified_and_keeps_every_environment():
     pred = Cell("cuda", "gpt", "train", "float32", status="ops-fallback", verified=False, env="cpu-host")
     meas = Cell("cuda", "gpt", "train", "float32", status="pass", verified=True, env="h200",
@@ -149,17 +180,24 @@ def test_merge_prefers_verified_and_keeps_every_environment():
         merge.merge([("x.json", {"schema": "other"})])
 
 
-def test_diff_lists_status_time_and_fallback_changes():
+def test_diff_lists_status_time_fallback_and_op_set_changes():
     old = _doc(Cell("mlu", "gpt", "train", "float32", status="ops-fallback",
                     figures={"fallback_ops": ["aten::a", "aten::b"]}),
                Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 10.0}))
     new = _doc(Cell("mlu", "gpt", "train", "float32", status="ops-supported", figures={"fallback_ops": ["aten::a"]}),
                Cell("cpu", "gpt", "train", "float32", status="pass", verified=True, figures={"step_ms": 14.0}),
                Cell("cpu", "cnn", "train", "float32", status="pass", verified=True))
+    def cpu_gpt(doc):
+        return next(c for c in doc["cells"] if (c["backend"], c["model"]) == ("cpu", "gpt"))
+    cpu_gpt(old)["ops"] = {"aten::mm": "native", "aten::_foreach_add_.List": "native"}
+    cpu_gpt(new)["ops"] = {"aten::mm": "native", "aten::_foreach_add_.Scalar": "native"}
     rows = merge.diff(old, new)
     kinds = {(r["cell"], r["change"]) for r in rows}
     assert kinds == {("mlu/gpt/train/float32", "status"), ("mlu/gpt/train/float32", "fallback_ops"),
-                     ("cpu/gpt/train/float32", "step_ms"), ("cpu/cnn/train/float32", "added")}
+                     ("cpu/gpt/train/float32", "step_ms"), ("cpu/cnn/train/float32", "added"),
+                     ("cpu/gpt/train/float32", "ops")}
+    ops = next(r for r in rows if r["change"] == "ops")  # torch versions decompose differently
+    assert ops["old"] == ["aten::_foreach_add_.List"] and ops["new"] == ["aten::_foreach_add_.Scalar"]
 
 
 def test_cli_merge_and_diff(tmp_path):

@@ -115,6 +115,26 @@ def test_predicting_capture_takes_the_accelerator_paths_and_restores_torch():
     assert _train(None) == host
 
 
+def test_predicting_one_hot_skips_the_cpu_only_class_check():
+    """ATen checks one_hot's classes with min()/aminmax and a host sync on CPU tensors only; a MoE
+    router calls it every step, so the host's check must not be predicted to fall back on MLU."""
+    x = torch.tensor([[0, 3], [2, 1]])
+    want = torch.nn.functional.one_hot(x, 4)
+    with OpCapture(target=None) as host:
+        torch.nn.functional.one_hot(x, 4)
+    with OpCapture(target="mlu") as pred:
+        got = torch.nn.functional.one_hot(x, 4)
+        derived = torch.nn.functional.one_hot(x)  # num_classes from max(): the device computes it too
+    host_ops, pred_ops = {r["op"] for r in host.records()}, {r["op"] for r in pred.records()}
+    assert torch.equal(got, want) and got.dtype == torch.long and derived.shape == (2, 2, 4)
+    assert host_ops & {"aten::aminmax", "aten::min"} and "aten::_local_scalar_dense" in host_ops
+    assert {"aten::zeros", "aten::scatter_.value"} <= pred_ops
+    assert not pred_ops & {"aten::aminmax", "aten::min"} and "aten::max" in pred_ops
+    with OpCapture(target="mlu"), pytest.raises(RuntimeError, match="out of bounds"):
+        torch.nn.functional.one_hot(torch.tensor([5]), 4)  # a bad class still fails, as scatter_ does there
+    assert torch.nn.functional.one_hot is torch._C._nn.one_hot  # put back
+
+
 def test_host_kernels_are_mapped_to_what_cuda_dispatches():
     def rec(op, dtypes, shapes):
         return {"op": op, "phase": "forward", "device_type": "cpu", "count": 1, "bytes": 0, "dtypes": dtypes,

@@ -109,7 +109,7 @@ def evaluate(req: dict) -> Cell:
     figs = cell.figures
     figs.update({"ops": len(cell.ops), "fallback_ops": fallback, "unsupported_ops": unsupported,
                  "fallback_bytes_per_step": sum(o["bytes_per_step"] for o in ops if o["status"] == "fallback"),
-                 "dtype_notes": risks})
+                 "not_native": _not_native_detail(ops), "dtype_notes": risks})
     if present:
         cell.verified = True
         times = []
@@ -148,6 +148,21 @@ def evaluate(req: dict) -> Cell:
            f"predicted from the {cell.backend} capability manifest (op mix recorded on the CPU): {info.reason}")
     cell.reason = "; ".join(p for p in (cell.reason, how, *risks[:2]) if p)
     return cell
+
+
+def _not_native_detail(ops: list) -> list:
+    """One row per op that falls back or cannot run: ``{"op", "status", "calls_per_step",
+    "bytes_per_step"}`` summed over its phases and dtypes, worst status kept; biggest traffic first."""
+    rows: dict[str, dict] = {}
+    for o in ops:
+        if o["status"] not in ("fallback", "unsupported"):
+            continue
+        r = rows.setdefault(o["op"], {"op": o["op"], "status": o["status"], "calls_per_step": 0, "bytes_per_step": 0})
+        if o["status"] == "unsupported":
+            r["status"] = "unsupported"
+        r["calls_per_step"] += o.get("calls_per_step") or 0
+        r["bytes_per_step"] += o.get("bytes_per_step") or 0
+    return sorted(rows.values(), key=lambda r: (-r["bytes_per_step"], r["op"]))
 
 
 def _predicted(cell: Cell, unsupported: list, fallback: list, notes: list, why_absent: str) -> Cell:

@@ -44,8 +44,9 @@ def merge(docs: Iterable[tuple[str, dict]]) -> dict:
 
 
 def diff(old: dict, new: dict) -> list[dict]:
-    """Rows for every cell whose status or verification changed, or whose step time moved by more
-    than 10%, plus cells only in one of the two."""
+    """Rows for every cell whose status or verification changed, whose step time moved by more
+    than 10%, whose fallback ops changed or whose op set changed (``old``: ops only in ``old``,
+    ``new``: ops only in ``new``), plus cells only in one of the two."""
     check_schema(old, "old")
     check_schema(new, "new")
     a = {tuple(c[k] for k in ("backend", "model", "mode", "dtype")): c for c in old["cells"]}
@@ -69,4 +70,7 @@ def diff(old: dict, new: dict) -> list[dict]:
         oa, ob = set(ca.get("figures", {}).get("fallback_ops", [])), set(cb.get("figures", {}).get("fallback_ops", []))
         if oa != ob:
             rows.append({"cell": cell, "change": "fallback_ops", "old": sorted(oa - ob), "new": sorted(ob - oa)})
+        sa, sb = set(ca.get("ops") or {}), set(cb.get("ops") or {})
+        if sa != sb:  # torch versions decompose differently: the ops a device must run change
+            rows.append({"cell": cell, "change": "ops", "old": sorted(sa - sb), "new": sorted(sb - sa)})
     return rows

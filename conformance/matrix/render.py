@@ -140,6 +140,7 @@ def _context(doc: dict) -> dict:
     per_op = doc.get("per_op") or {}
     op_backends = sorted({b for v in per_op.values() for b in v})
     not_native = {op: v for op, v in per_op.items() if any(s not in ("native", "composite") for s in v.values())}
+    needs = _op_model_grid(doc, not_native)
     envs = []
     for env in doc.get("environments", []):
         devs = "; ".join(f"{name}: " + ", ".join(str(d.get("name")) for d in b.get("devices", []))
@@ -149,7 +150,38 @@ def _context(doc: dict) -> dict:
     return {"schema": doc.get("schema", "hal-compat-matrix/1"), "summary": list(doc.get("summary", {}).items()),
             "backends": backends, "grid": grid, "cells": cells, "collectives": doc.get("collectives") or [],
             "per_op": per_op, "op_backends": op_backends, "not_native": not_native, "environments": envs,
+            "needs": needs, "grid_models": sorted({c["model"] for c in doc["cells"]}, key=_model_order),
             "merged_from": doc.get("merged_from") or []}
+
+
+def _model_order(model: str) -> tuple:
+    return (model.startswith("hf:"), model)
+
+
+def _op_model_grid(doc: dict, not_native: dict) -> list[dict]:
+    """Which model needs which op: one row per op (the ops that are not native everywhere first),
+    ``models`` mapping each model whose cells ran the op to ``{"status", "where", "calls", "bytes"}``:
+    the op's worst status over that model's cells, the backends where it has that status, and the
+    largest calls and bytes per step a cell of that model moves through it there."""
+    rank = {st: i for i, st in enumerate(("native", "composite", "unknown", "fallback", "unsupported"))}
+    rows: dict[str, dict] = {}
+    for c in doc["cells"]:
+        detail = {d["op"]: d for d in c.get("figures", {}).get("not_native") or []}
+        for op, st in (c.get("ops") or {}).items():
+            m = rows.setdefault(op, {}).setdefault(c["model"], {"status": st, "where": set(), "calls": 0, "bytes": 0})
+            if rank.get(st, 2) > rank.get(m["status"], 2):
+                m.update(status=st, where=set())
+            if st == m["status"]:
+                m["where"].add(c["backend"])
+            if op in detail:
+                m["calls"] = max(m["calls"], detail[op].get("calls_per_step") or 0)
+                m["bytes"] = max(m["bytes"], detail[op].get("bytes_per_step") or 0)
+    out = []
+    for op in sorted(rows, key=lambda o: (o not in not_native, o)):
+        models = {k: {**v, "where": ", ".join(sorted(v["where"]))} for k, v in rows[op].items()}
+        out.append({"op": op, "not_native": op in not_native, "statuses": not_native.get(op, {}), "models": models,
+                    "model_list": ", ".join(sorted(models, key=_model_order))})
+    return out
 
 
 def to_markdown(doc: dict) -> str:

@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -101,9 +103,12 @@ def environment_entry() -> dict:
 def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[str], dtypes: Iterable[str],
                config: str = "tiny", steps: int = 3, timeout_s: float = 300.0, precision: bool = True,
                with_collectives: bool = True, progress: Optional[Callable[[Cell], None]] = None,
-               arch: Optional[int] = None) -> dict:
+               arch: Optional[int] = None, jobs: int = 1) -> dict:
     """Run every cell and return the ``hal-compat-matrix/1`` document. ``arch``: the architecture
-    major of the predicted devices (dtype gates, TF32 notes), None when not given.
+    major of the predicted devices (dtype gates, TF32 notes), None when not given. ``jobs``: cells
+    run at once, each in its own process (step times of verified cells are then measured beside
+    other cells: the document records ``jobs``). ``progress`` is called once per finished cell, from
+    one thread at a time.
 
     Raises ValueError before running anything when ``steps`` is not a positive integer or
     ``timeout_s`` not a finite positive number (a cell would otherwise pass on zero steps or time out
@@ -112,23 +117,29 @@ def run_matrix(devices: Iterable[str], models: Iterable[str], modes: Iterable[st
         raise ValueError(f"steps must be a positive integer, not {steps!r}")
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, not {timeout_s!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, not {jobs!r}")
     env = environment_entry()
+    requests = [{"backend": backend, "model": model, "mode": mode, "dtype": dtype, "config": config,
+                 "steps": steps, "precision": precision, "arch": arch}
+                for backend in devices for model in models for mode in modes for dtype in dtypes]
     cells = []
-    for backend in devices:
-        for model in models:
-            for mode in modes:
-                for dtype in dtypes:
-                    req = {"backend": backend, "model": model, "mode": mode, "dtype": dtype, "config": config,
-                           "steps": steps, "precision": precision, "arch": arch}
-                    cell = run_cell(req, timeout_s)
-                    cell.env = env["id"]
-                    cells.append(cell)
-                    if progress:
-                        progress(cell)
+    lock = threading.Lock()
+
+    def one(req: dict) -> None:
+        cell = run_cell(req, timeout_s)
+        cell.env = env["id"]
+        with lock:
+            cells.append(cell)
+            if progress:
+                progress(cell)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, requests))
     colls = []
     if with_collectives:
         for backend in devices:
             row = collectives_row(backend)
             row["env"] = env["id"]
             colls.append(row)
-    return document(cells, colls, [env], {"config": config, "steps": steps, "arch": arch})
+    return document(cells, colls, [env], {"config": config, "steps": steps, "arch": arch, "jobs": jobs})

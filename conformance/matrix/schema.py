@@ -56,17 +56,21 @@ class Cell:
 
 def document(cells: list[Cell], collectives: list[dict], environments: list[dict],
              extra: Optional[dict] = None) -> dict[str, Any]:
-    """The JSON document for a set of cells (cells sorted, per-op matrix derived from them)."""
+    """The JSON document for a set of cells (cells sorted; derived from them: ``per_op``, op -> backend
+    -> worst status, and ``op_models``, op -> the models whose cells ran it)."""
     cells = sorted(cells, key=lambda c: c.key)
     per_op: dict[str, dict[str, str]] = {}
+    op_models: dict[str, set] = {}
     rank = {st: i for i, st in enumerate(OP_STATUS_ORDER)}
     for c in cells:
         for op, st in c.ops.items():
+            op_models.setdefault(op, set()).add(c.model)
             cur = per_op.setdefault(op, {}).get(c.backend)
             if cur is None or rank.get(st, 2) > rank.get(cur, 2):
                 per_op[op][c.backend] = st
     doc = {"schema": SCHEMA, "cells": [c.as_dict() for c in cells], "collectives": collectives,
            "environments": environments, "per_op": dict(sorted(per_op.items())),
+           "op_models": {op: sorted(ms) for op, ms in sorted(op_models.items())},
            "summary": {s: sum(c.status == s for c in cells) for s in STATUSES}}
     doc["summary"]["verified"] = sum(c.verified for c in cells)
     doc["summary"]["predicted"] = sum(not c.verified and c.status != "not-run" for c in cells)

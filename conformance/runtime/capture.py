@@ -314,6 +314,10 @@ class TargetPaths:
       (both have CPU kernels in torch 2.4 and later);
     - training-mode dropout runs the fused ``aten::native_dropout`` (what ATen picks for CUDA, XPU
       and PrivateUse1 tensors) instead of the CPU's bernoulli_/div_/mul decomposition;
+    - ``F.one_hot`` with ``num_classes`` given skips the CPU's check that every class is non-negative
+      (``aten::aminmax`` or ``min`` and a host sync): ATen runs it on CPU tensors only, not on CUDA,
+      MPS or PrivateUse1 (the MLU) ones, where ``one_hot`` is ``zeros`` + ``scatter_`` (MoE routers
+      call it every step);
     - with a ``capture``: each recurrent call (``torch._VF.gru``/``lstm``/``rnn_tanh``/``rnn_relu``,
       which nn.GRU/LSTM/RNN call, packed sequences included) runs on the host unrecorded and is
       recorded as the ops the target dispatches for it (:func:`hal.conformance.runtime.predict.rnn_target_ops`:
@@ -358,6 +362,7 @@ class TargetPaths:
         self._patch(optim_mod, "_get_foreach_kernels_supported_devices", foreach_devices)
         self._install_scaler()
         self._install_dropout()
+        self._install_one_hot()
         if self.capture is not None:
             self._install_rnn()
         return self
@@ -452,6 +457,22 @@ class TargetPaths:
             return real(input, p, train)
 
         self._patch(vf, "dropout", dropout)
+
+    def _install_one_hot(self) -> None:
+        # aten/src/ATen/native/Onehot.cpp: the min() >= 0 check runs unless the tensor is on CUDA, MPS or
+        # PrivateUse1 (the device's own scatter_ asserts instead); there num_classes == -1 is max() + 1
+        real = torch.nn.functional.one_hot
+
+        def one_hot(tensor: Any, num_classes: int = -1) -> Any:
+            if (type(tensor) is not torch.Tensor or tensor.dtype != torch.long or tensor.numel() == 0
+                    or not isinstance(num_classes, int) or num_classes < -1):
+                return real(tensor, num_classes)
+            if num_classes == -1:
+                num_classes = int(tensor.max().item()) + 1
+            out = torch.zeros(*tensor.shape, num_classes, dtype=torch.long, device=tensor.device)
+            return out.scatter_(-1, tensor.unsqueeze(-1), 1)
+
+        self._patch(torch.nn.functional, "one_hot", one_hot)
 
     def _install_scaler(self) -> None:
         enable_program_grad_scalers(self._patch, self.present, ("cuda", self.target))

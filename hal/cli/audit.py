@@ -130,6 +130,8 @@ def classify(target: str) -> tuple[str, str]:
         if not func.isidentifier():
             raise CliError(f"{target}: expected file.py:function_name")
         return "func", path
+    if target.startswith("hf:") and target[3:].isidentifier():  # a real architecture (hal.models.hf)
+        return "model", target
     if target.endswith((".py", ".onnx")) or os.sep in target or "/" in target:
         raise CliError(f"{target}: no such file or folder")
     if not target.isidentifier() and not target.replace("-", "_").isidentifier():
@@ -267,12 +269,11 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
     if kind == "model":  # before --out is created: bad input writes nothing
+        from hal.models import workload_class
         try:
-            from hal.models import WORKLOAD_NAMES
-        except ImportError:
-            WORKLOAD_NAMES = None
-        if WORKLOAD_NAMES is not None and args.target not in WORKLOAD_NAMES:
-            raise CliError(f"unknown reference model {args.target!r}; one of {', '.join(WORKLOAD_NAMES)}")
+            workload_class(args.target)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     progress = make_progress(audit_phases(args, kind), quiet=args.quiet)
     with progress:  # cleared on the way out, before stdout or an error line is written
         static = None

@@ -23,7 +23,10 @@ def _csv(text: str) -> list[str]:
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", default="cpu,cuda,mlu")
-    p.add_argument("--models", default="gpt,cnn,moe")
+    p.add_argument("--models", default="gpt,cnn,moe",
+                   help="comma-separated: gpt, cnn, moe, hf:<arch> (hf:llama, hf:mixtral, hf:whisper ...), or a set: "
+                        "reference, real (every hf: architecture), all (default: gpt,cnn,moe)")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once, each in its own process (default 1)")
     p.add_argument("--modes", default="train,infer")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--config", default="tiny", help="model config (default: tiny)")
@@ -120,15 +123,18 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
     else:
         import hal
-        from hal.models import WORKLOAD_NAMES, config_names
+        from hal.models import config_names, expand_models
         known = {i.name for i in hal.list_backends()}
-        devices, models = _csv(args.devices), _csv(args.models)
+        devices = _csv(args.devices)
         for d in devices:
             if d not in known:
                 raise CliError(f"unknown device {d!r}; installed backends: {', '.join(sorted(known))}")
+        try:
+            models = expand_models(_csv(args.models))
+        except ValueError as exc:
+            raise CliError(f"--models: {exc} (or a set: reference, real, all)") from None
+        check_number("--jobs", args.jobs, minimum=1, maximum=256, what="a positive integer")
         for m in models:
-            if m not in WORKLOAD_NAMES:
-                raise CliError(f"unknown model {m!r}; one of {', '.join(WORKLOAD_NAMES)}")
             if args.config not in config_names(m):
                 raise CliError(f"unknown config {args.config!r} for model {m!r}; one of {', '.join(config_names(m))}")
         if not devices or not models or not _csv(args.modes) or not _csv(args.dtypes):
@@ -143,12 +149,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
         def progress(cell):
             how = "verified" if cell.verified else "predicted" if cell.status != "not-run" else ""
-            emit(f"{cell.backend:6s} {cell.model:5s} {cell.mode:6s} {cell.dtype:9s} {cell.status:18s} {how:9s} "
+            emit(f"{cell.backend:6s} {cell.model:16s} {cell.mode:6s} {cell.dtype:9s} {cell.status:18s} {how:9s} "
                  f"{cell.seconds:6.1f}s  {cell.reason[:100]}")
 
         doc = run_matrix(devices, models, _csv(args.modes), _csv(args.dtypes), args.config, args.steps,
                          args.timeout, not args.no_precision, not args.no_collectives,
-                         progress if args.format == "text" else None, arch=arch)
+                         progress if args.format == "text" else None, arch=arch, jobs=args.jobs)
     paths = write_outputs(doc, Path(args.out))
     if args.format == "json":
         emit(json.dumps(doc, indent=2, default=str))
