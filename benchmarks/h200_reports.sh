@@ -59,7 +59,9 @@ if want profile; then
 fi
 if want matrix; then
   step "compatibility matrix: cuda cells"
-  run 420 $HAL matrix --devices cuda --models gpt,cnn,moe --modes train,infer --dtypes float32,bfloat16 --timeout 120 --out "$R/matrix-cuda"
+  # gpt, cnn, moe and the 19 transformers architectures (hf:*): carry the transformers 4.x wheels, e.g.
+  # ../shared/device/prepare-wheels.sh transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2 safetensors==0.8.0 regex
+  run 540 $HAL matrix --devices cuda --models all --modes train,infer --dtypes float32,bfloat16 --jobs 4 --timeout 120 --out "$R/matrix-cuda"
 fi
 if want audit; then
   step "hal-audit on cuda"

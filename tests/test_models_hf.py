@@ -96,3 +96,12 @@ def test_hal_audit_takes_an_hf_model_and_predicts_its_mlu_ops(tmp_path):
     r = run_cli("hal-audit", "hf:gpt5", "--device", "mlu", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "unknown hf architecture 'hf:gpt5'" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_float64_reference_runs_a_model_that_makes_float_tensors_without_a_dtype():
+    """CLIP's causal mask is ``torch.full(shape, torch.finfo(dtype).min)`` with no dtype: the float64
+    reference makes it in float64 (the default dtype while it runs), and puts float32 back after."""
+    from hal.conformance.precision import compare_workload
+    d = compare_workload("hf:clip", device="cpu", dtype=torch.float32, steps=1, seed=0).as_dict()
+    assert d["verdict"] in ("pass", "warning", "fail") and d["metrics"]
+    assert torch.get_default_dtype() == torch.float32
