@@ -349,6 +349,11 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                 "error": "no floating-point op ran inside a module forward: nothing to compare",
                 "not_compared": pr.get("not_compared")}
     not_compared = list(pr.get("reasons") or []) + list(pr.get("not_compared") or [])
+    ref_line, tgt_line = ref.get("run") or {}, tgt.get("run") or {}
+    if ref_line.get("status") not in (None, "ok") and ref_line.get("status") != tgt_line.get("status"):
+        not_compared.insert(0, f"the float64 reference run ended early ({ref_line.get('status')}: "
+                               f"{' '.join(str(ref_line.get('error') or 'no error text').split())[:300]}) while the "
+                               f"target run was {tgt_line.get('status')}: totals only for the ops it reached")
     lt, lr = pr.get("losses") or [], ref_run.get("losses") or []
     n = min(len(lt), len(lr))
     drift = None

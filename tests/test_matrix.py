@@ -198,6 +198,9 @@ def test_diff_lists_status_time_fallback_and_op_set_changes():
                      ("cpu/gpt/train/float32", "ops")}
     ops = next(r for r in rows if r["change"] == "ops")  # torch versions decompose differently
     assert ops["old"] == ["aten::_foreach_add_.List"] and ops["new"] == ["aten::_foreach_add_.Scalar"]
+    assert merge.op_changes(rows) == [
+        {"op": "aten::_foreach_add_.List", "only_old": 1, "only_new": 0, "models": ["gpt"]},
+        {"op": "aten::_foreach_add_.Scalar", "only_old": 0, "only_new": 1, "models": ["gpt"]}]
 
 
 def test_cli_merge_and_diff(tmp_path):

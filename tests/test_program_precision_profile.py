@@ -155,3 +155,22 @@ def test_a_crashed_profile_run_is_run_again(tmp_path):
     else:
         assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
         assert prof["ops"] and any("crashed before this one" in why for why in prof["not_measured"])
+
+
+def test_a_float_fill_without_a_dtype_runs_in_the_float64_reference(tmp_path):
+    """torch.full(shape, torch.finfo(x.dtype).min) (transformers' masks) with x float64 in the reference
+    run: the fill is made in float64 there, and the whole program is compared."""
+    prog = FIX / "precision" / "masked_attention.py"
+    r, doc = _audit(tmp_path / "a", str(prog), "--device", "cpu", "--precision", "--steps", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["reference"]["status"]["status"] == "ok", p["reference"]["status"]
+    assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4 and p["drift"]
+    assert not any("ended early" in x for x in p["not_compared"])
+    # a program that fails in float64 only: said first, and the comparison keeps its local errors
+    r, doc = _audit(tmp_path / "b", str(prog), "--device", "cpu", "--precision", "--steps", "2", "--", "--float64-fails")
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["not_compared"][0].startswith("the float64 reference run ended early (error: TypeError: this model runs "
+                                           "in float32 only") and "target run was ok" in p["not_compared"][0]
+    assert "ended early" in r.stdout

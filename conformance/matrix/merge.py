@@ -43,6 +43,23 @@ def merge(docs: Iterable[tuple[str, dict]]) -> dict:
                     list(envs.values()), {"merged_from": sources})
 
 
+def op_changes(rows: list[dict]) -> list[dict]:
+    """From :func:`diff`'s rows: one row per op that some cell's op set lost or gained,
+    ``{"op", "only_old", "only_new", "models"}`` (cell counts and the models involved), most cells first."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        if r["change"] != "ops":
+            continue
+        model = r["cell"].split("/")[1]
+        for side in ("old", "new"):
+            for op in r[side]:
+                e = by.setdefault(op, {"op": op, "only_old": 0, "only_new": 0, "models": set()})
+                e["only_" + side] += 1
+                e["models"].add(model)
+    out = [{**e, "models": sorted(e["models"])} for e in by.values()]
+    return sorted(out, key=lambda e: (-(e["only_old"] + e["only_new"]), e["op"]))
+
+
 def diff(old: dict, new: dict) -> list[dict]:
     """Rows for every cell whose status or verification changed, whose step time moved by more
     than 10%, whose fallback ops changed or whose op set changed (``old``: ops only in ``old``,

@@ -153,6 +153,11 @@ class _ProgramTracer(StepTracer):
         kwargs = kwargs or {}
         if self._internal or _is_seeded_random(func):
             return func(*args, **kwargs)
+        if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
+                and len(args) > 1 and isinstance(args[1], float)):
+            # a float fill without a dtype (torch.full(shape, torch.finfo(x.dtype).min), as transformers'
+            # masks are) is float64 here: x is float64 in this run, and its min overflows a float32 tensor
+            kwargs = {**kwargs, "dtype": torch.float64}
         if not self.recording:
             if self.role == "reference":
                 name = func.overloadpacket.__name__
@@ -275,6 +280,7 @@ class ProgramPrecision:
         seed_everything()
         self._random_mode = CpuRandomMode()  # for the whole run, below every other mode we enter
         self._random_mode.__enter__()
+
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post),
                          o.register_optimizer_step_pre_hook(self._opt_pre),
@@ -348,6 +354,7 @@ class ProgramPrecision:
 
     def remove(self) -> None:
         self._close("the program ended")
+
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -565,7 +572,8 @@ class ProgramPrecision:
                                     f"({self.closed_by or 'no forward ran'})")
             else:
                 not_compared.append("gradients and parameters: the first optimizer step came after a different "
-                                    "number of backward passes in the two runs (a skipped GradScaler step)")
+                                    "number of backward passes in the two runs (a skipped GradScaler step, or a "
+                                    "reference run that ended early)")
             missing = sum(1 for r in records if r.total is None and r.kind == "op")
             if missing:
                 not_compared.append(f"{missing} op output(s) have no counterpart in the float64 reference run's op "

@@ -100,9 +100,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         if args.format == "json":
             emit(json.dumps(rows, indent=2))
-        else:
-            emit(tabulate([[r["cell"], r["change"], r.get("old"), r.get("new")] for r in rows],
-                          headers=["cell", "change", "old", "new"]) if rows else "no changes")
+            return 0
+        emit(tabulate([[r["cell"], r["change"], r.get("old"), r.get("new")] for r in rows],
+                      headers=["cell", "change", "old", "new"]) if rows else "no changes")
+        ops = mmerge.op_changes(rows)
+        if ops:
+            emit("\nops that cells ran in only one of the two (cell counts; e.g. torch versions decompose differently):")
+            emit(tabulate([[o["op"], o["only_old"], o["only_new"], ", ".join(o["models"])] for o in ops],
+                          headers=["op", f"only in {args.diff[0]}", f"only in {args.diff[1]}", "models"]))
         return 0
     if not args.out:
         raise CliError("--out DIR is required to run or merge a matrix")
