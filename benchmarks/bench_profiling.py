@@ -74,13 +74,11 @@ def _load():
 
 
 def _program_bench(script: str, rest: list) -> int:
-    """``--script PATH [bench_program_sections options] [-- script args]``: the program-target benchmark."""
-    import importlib.util
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("bench_program_sections", os.path.join(here, "bench_program_sections.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main(["--script", script, *rest])
+    """``--script PATH [bench_program_sections options] [-- script args]``: the program-target benchmark
+    (benchmarks/bench_program_sections.py, beside this script: ``python benchmarks/x.py`` puts this folder first
+    on sys.path)."""
+    import bench_program_sections
+    return bench_program_sections.main(["--script", script, *rest])
 
 
 def main(argv=None) -> int:

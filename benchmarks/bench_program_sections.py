@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out/bench_program_sections.json")
     p.add_argument("script_args", nargs="*", default=["--iters", "20", "--batch", "8", "--seq", "64"])
     a = p.parse_args(argv)
+    if not os.path.isfile(a.script):
+        p.error(f"--script {a.script}: no such file")
     rows = []
     for i in range(a.repeats):
         with tempfile.TemporaryDirectory() as tmp:
@@ -50,6 +52,9 @@ def main(argv=None) -> int:
                                   "timeout": 900}, [])
             wall = time.perf_counter() - t0
         pr, pf = s["precision"], s["profile"]
+        if "target" not in pr or "step_ms" not in pf:
+            p.exit(3, f"{p.prog}: the sections were not produced: precision {pr.get('verdict')}: {pr.get('error')}; "
+                      f"profile: {pf.get('error')}\n")
         tm = pr["target"]["timing"]
         first, plain, prof = pf["first_step_ms"], pf["step_ms"], pf["profiled_step_ms"]
         rows.append({"repeat": i, "wall_s": wall, "precision_window_ms": tm["window_ms"],
