@@ -215,3 +215,14 @@ def test_cli_merge_and_diff(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("hal", "matrix", "--devices", "tpu", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "unknown device 'tpu'" in r.stderr
+
+
+def test_an_inference_cell_names_the_forward_output_that_failed():
+    """The precision check trains a step; an infer cell is judged on the forward pass only, and its
+    reason names the forward output over its threshold, not the backward op blamed first overall."""
+    from hal.conformance.matrix.cell import _precision_verdict
+    verdict, why = _precision_verdict({"model": "moe", "dtype": "bfloat16", "mode": "infer"}, "cpu")
+    train_verdict, train_why = _precision_verdict({"model": "moe", "dtype": "bfloat16", "mode": "train"}, "cpu")
+    assert train_verdict == "fail" and "(backward," in train_why
+    assert verdict == "fail" and why.startswith("forward divergence at ") and " output " in why
+    assert why.endswith(f"the first divergence overall was in the backward pass: {train_why})")

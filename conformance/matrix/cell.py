@@ -51,11 +51,16 @@ def _precision_verdict(req: dict, device: str):
     verdict = d.get("verdict")
     if req["mode"] == "infer" and fd and fd.get("phase") != "forward":
         # the comparison runs a training step; inference only uses the forward pass
-        forward_bad = any(m.get("phase") == "forward" and ((m.get("local") or {}).get("exceeds")
-                                                           or (m.get("total") or {}).get("exceeds"))
-                          for m in d.get("metrics") or [])
+        forward_bad = [m for m in d.get("metrics") or [] if m.get("phase") == "forward"
+                       and ((m.get("local") or {}).get("exceeds") or (m.get("total") or {}).get("exceeds"))]
         if not forward_bad:
             verdict, why = "pass", f"forward pass within tolerance ({why}: not used by inference)"
+        else:  # name what inference runs, not the backward op the training step blamed first
+            m = forward_bad[0]
+            which = "local" if (m.get("local") or {}).get("exceeds") else "total"
+            why = (f"forward divergence at {m.get('module')} / {m.get('op')} output {m.get('out_index', 0)} "
+                   f"({m.get('status')}, {which} error over its threshold; {len(forward_bad)} forward output(s) "
+                   f"over; the first divergence overall was in the backward pass: {why})")
     return verdict, why
 
 
