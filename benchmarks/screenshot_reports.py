@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="mlu")
     ap.add_argument("--height", type=int, default=2400)
     ap.add_argument("--html", nargs="*", default=None, help="shoot these pages instead of running an audit")
+    ap.add_argument("--section", metavar="ID", help="shoot only the page's header and <section id=ID> (a copy of "
+                    "the page with the other sections left out), as <page>-<ID>-1400.png")
     args = ap.parse_args(argv)
     browser = find_browser()
     if browser is None:
@@ -68,10 +70,26 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         pages = [audit_out / "audit.html"]
     for page in pages:
-        png = out / f"{page.stem}-1400.png"
-        shoot(browser, page, png, 1400, args.height)
+        png = out / f"{page.stem}{'-' + args.section if args.section else ''}-1400.png"
+        with tempfile.TemporaryDirectory(prefix="hal-section-") as tmp:
+            if args.section:
+                page = only_section(page, args.section, pathlib.Path(tmp))
+            shoot(browser, page, png, 1400, args.height)
         print(f"{png} ({png.stat().st_size} bytes)")
     return 0
+
+
+def only_section(page: pathlib.Path, section: str, tmp: pathlib.Path) -> pathlib.Path:
+    """A copy of ``page`` in ``tmp`` that keeps everything before its first ``<section`` (the header and
+    the navigation) and ``<section id=SECTION>``; SystemExit naming the section when it is absent."""
+    html = page.read_text(encoding="utf-8")
+    start = html.find(f'<section id="{section}">')
+    if start < 0:
+        raise SystemExit(f"screenshot_reports: {page} has no <section id=\"{section}\">")
+    end = html.index("</section>", start) + len("</section>")
+    copy = tmp / page.name
+    copy.write_text(html[:html.index("<section")] + html[start:end] + "\n</body></html>\n", encoding="utf-8")
+    return copy
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ def test_matrix_html_is_sortable_self_contained_and_laid_out_for_1400px():
     assert page.startswith("<!DOCTYPE html>")
     assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
     assert "script-src 'sha256-" in CSP and "default-src 'none'" in CSP
-    assert page.count('<table class="sortable') == 5  # status grid, cells, per-op, ops x models, collectives
+    # status grid, cells, per-op, the ops that are not native everywhere, ops x models, collectives
+    assert page.count('<table class="sortable') == 6
     assert "max-width:1400px" in page and "table.sortable th" in page
     assert "http://" not in page.replace(' xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page.replace(
         "https://e.x/i.png", "")
@@ -162,7 +163,9 @@ def test_real_architectures_name_the_ops_that_block_them_on_mlu(tmp_path):
     page = (out / "compat-matrix.html").read_text()
     grid = page[page.index('<section id="op-models">'):]
     assert "<th>hf:mixtral</th>" in grid and "fallback: mlu<br><small>" in grid
+    assert "<b>hf:wav2vec2</b>: fallback on mlu, 1 calls, " in grid  # the blocking ops' own table, with their cost
     assert grid.index("aten::_ctc_loss.Tensor") < grid.index("aten::mm<")  # blocking ops first
+    assert grid.index("<th>hf:wav2vec2</th>") < grid.index("<th>hf:mixtral</th>")  # ... and the models they block
     assert merge.check_schema(doc, "doc") is doc
 
 

@@ -67,6 +67,9 @@ SHAPES: dict[str, dict] = {
     "reports/startup/bench_startup-*.json": _req("label", "environment", "results", "failures"),
     "reports/corpus/corpus.json": _req("meta", "results", results={"type": "array"}),
     "reports/mutation.json": _req("method", "mutations", "caught", "survived", "score_pct", "results"),
+    # `hal matrix --diff OLD NEW --format json`
+    "reports/matrix/diff-*.json": {"type": "array", "items": _req("cell", "change", change={
+        "enum": ["added", "removed", "status", "step_ms", "fallback_ops", "ops"]})},
 }
 #: `schema` names of benchmark outputs the package does not publish -> their shape
 SHAPES_BY_SCHEMA: dict[str, dict] = {

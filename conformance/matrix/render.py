@@ -24,6 +24,7 @@ import jinja2
 from markupsafe import Markup
 
 from hal.conformance.report import escape
+from hal.conformance.report.digest import human_bytes
 from hal.conformance.report.render import _MD_UNSAFE_IN_CODE, CSP, CSS, SORT_JS, md_code
 
 COLOURS = {"pass": "#2e7d32", "pass-with-fallback": "#9e9d24", "precision-fail": "#ef6c00", "fail": "#c62828",
@@ -91,7 +92,7 @@ def _env(fmt: str) -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters.update(md_code=md_span, cut=lambda v, n: " ".join(str(v).split())[:n],
-                       op_status=lambda b, v: v.get(b, "—"))
+                       op_status=lambda b, v: v.get(b, "—"), bytes=human_bytes, num=lambda v: f"{v:g}")
     env.globals.update(SORT_JS=Markup(SORT_JS), CSP=Markup(CSP),
                        CSS=Markup(CSS + MATRIX_CSS), COLOURS=COLOURS, OP_COLOURS=OP_COLOURS,
                        LEGEND=LEGEND)
@@ -150,12 +151,19 @@ def _context(doc: dict) -> dict:
     return {"schema": doc.get("schema", "hal-compat-matrix/1"), "summary": list(doc.get("summary", {}).items()),
             "backends": backends, "grid": grid, "cells": cells, "collectives": doc.get("collectives") or [],
             "per_op": per_op, "op_backends": op_backends, "not_native": not_native, "environments": envs,
-            "needs": needs, "grid_models": sorted({c["model"] for c in doc["cells"]}, key=_model_order),
+            "needs": needs, "grid_models": _grid_models(doc, needs),
             "merged_from": doc.get("merged_from") or []}
 
 
 def _model_order(model: str) -> tuple:
     return (model.startswith("hf:"), model)
+
+
+def _grid_models(doc: dict, needs: list[dict]) -> list[str]:
+    """Columns of the op x model grid: the models that need an op that is not native everywhere
+    first (so they are on screen beside those ops), then ours, then the hf: architectures."""
+    blocked = {m for r in needs if r["not_native"] for m in r["models"]}
+    return sorted({c["model"] for c in doc["cells"]}, key=lambda m: (m not in blocked, *_model_order(m)))
 
 
 def _op_model_grid(doc: dict, not_native: dict) -> list[dict]:
@@ -179,8 +187,11 @@ def _op_model_grid(doc: dict, not_native: dict) -> list[dict]:
     out = []
     for op in sorted(rows, key=lambda o: (o not in not_native, o)):
         models = {k: {**v, "where": ", ".join(sorted(v["where"]))} for k, v in rows[op].items()}
+        blocked = sorted((m for m, v in models.items() if v["status"] in ("fallback", "unsupported", "unknown")),
+                         key=_model_order)
         out.append({"op": op, "not_native": op in not_native, "statuses": not_native.get(op, {}), "models": models,
-                    "model_list": ", ".join(sorted(models, key=_model_order))})
+                    "model_list": ", ".join(sorted(models, key=_model_order)),
+                    "blocked": [{"model": m, **models[m]} for m in blocked]})
     return out
 
 
