@@ -109,7 +109,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                           "eos_token_id": 2, "decoder_start_token_id": 2, "forced_eos_token_id": None}),
 }
 
-#: named model sets for ``hal matrix --models``
+#: every ``hf:`` workload name, in the order of ARCHITECTURES (the ``real`` set of ``hal matrix --models``)
 HF_NAMES = tuple(f"hf:{a}" for a in ARCHITECTURES)
 
 
