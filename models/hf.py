@@ -194,10 +194,12 @@ class HfWorkload(Workload):
         raise ValueError(f"unknown task {task!r}")
 
     # ---- steps -------------------------------------------------------------------------------------
+    def _loss_kwargs(self) -> dict:
+        """Extra forward arguments that make the model compute its loss (CLIP asks for it)."""
+        return {"return_loss": True} if self.arch.task == "contrastive" else {}
+
     def _loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        if self.arch.task == "contrastive":
-            return self.model(**batch, return_loss=True).loss
-        return self.model(**batch).loss
+        return self.model(**batch, **self._loss_kwargs()).loss
 
     @torch.no_grad()
     def infer(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -259,7 +261,7 @@ class HfWorkload(Workload):
         was_training = model.training
         model.eval()
         with torch.no_grad(), FlopCounterMode(display=False) as fc:
-            model(**batch, **({"return_loss": True} if self.arch.task == "contrastive" else {}))
+            model(**batch, **self._loss_kwargs())
         model.train(was_training)
         fwd = int(fc.get_total_flops())
         per = params * _bytes(self.dtype)

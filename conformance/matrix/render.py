@@ -23,6 +23,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from hal.conformance.matrix.schema import OP_STATUS_ORDER
 from hal.conformance.report import escape
 from hal.conformance.report.digest import human_bytes
 from hal.conformance.report.render import _MD_UNSAFE_IN_CODE, CSP, CSS, SORT_JS, md_code
@@ -171,7 +172,7 @@ def _op_model_grid(doc: dict, not_native: dict) -> list[dict]:
     ``models`` mapping each model whose cells ran the op to ``{"status", "where", "calls", "bytes"}``:
     the op's worst status over that model's cells, the backends where it has that status, and the
     largest calls and bytes per step a cell of that model moves through it there."""
-    rank = {st: i for i, st in enumerate(("native", "composite", "unknown", "fallback", "unsupported"))}
+    rank = {st: i for i, st in enumerate(OP_STATUS_ORDER)}
     rows: dict[str, dict] = {}
     for c in doc["cells"]:
         detail = {d["op"]: d for d in c.get("figures", {}).get("not_native") or []}

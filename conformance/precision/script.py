@@ -280,7 +280,6 @@ class ProgramPrecision:
         seed_everything()
         self._random_mode = CpuRandomMode()  # for the whole run, below every other mode we enter
         self._random_mode.__enter__()
-
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post),
                          o.register_optimizer_step_pre_hook(self._opt_pre),
@@ -354,7 +353,6 @@ class ProgramPrecision:
 
     def remove(self) -> None:
         self._close("the program ended")
-
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -114,35 +114,24 @@ def _widen(x):
     return x
 
 
-class DefaultFloat64:
-    """While entered, torch's default floating dtype is float64 (restored on exit): in a reference
-    run, a float tensor made without a dtype (``torch.full(shape, torch.finfo(x.dtype).min)``, as
-    transformers' attention masks are) is float64 like everything else, not a float32 that the
-    float64 value overflows. Process-global, like ``torch.set_default_dtype``; not thread-safe."""
-
-    def __enter__(self):
-        self._saved = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        return self
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self._saved)
-
-
 class Widen64Mode(TorchDispatchMode):
     """Runs every op with floating dtype arguments widened to float64 (the reference's untraced
-    steps: explicit casts such as ``x.half()`` in user code stay float64), and with float64 as the
-    default dtype (:class:`DefaultFloat64`)."""
+    steps: explicit casts such as ``x.half()`` in user code stay float64), and with float64 as
+    torch's default dtype while entered (restored on exit), so a float tensor made without a dtype
+    (``torch.full(shape, torch.finfo(x.dtype).min)``, as transformers' attention masks are) is
+    float64 like everything else, not a float32 that the float64 value overflows. The default dtype
+    is process-global (``torch.set_default_dtype``): not thread-safe."""
 
     def __enter__(self):
-        self._default = DefaultFloat64().__enter__()
+        self._saved_default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._default.__exit__(*exc)
+            torch.set_default_dtype(self._saved_default)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*tree_map(_widen, args), **tree_map(_widen, kwargs or {}))

@@ -198,7 +198,6 @@ def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_m
     return rows, runtime
 
 
-
 def annotate_rows(rows: list, analysis: dict, peaks: Any, has_device: bool, steps: int) -> None:
     """Give each op row (in place) its FLOPs, bytes and dtype from ``analysis`` and its roofline
     figures from the per-step time (device time where measured, else host self time)."""
@@ -210,6 +209,7 @@ def annotate_rows(rows: list, analysis: dict, peaks: Any, has_device: bool, step
         op_ms = r["device_ms"] if has_device else r["self_ms"]
         r["intensity"], r["roofline_pct"] = roofline_row(r["flops"], r["bytes"], r["dtype"],
                                                          (op_ms or 0) / steps, peaks)
+
 
 def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 3, warmup: int = 2,
                      out_dir: Optional[str] = None, model: Optional[torch.nn.Module] = None,

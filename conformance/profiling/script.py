@@ -339,8 +339,7 @@ class ProgramProfile:
     def _section(self) -> dict:
         from hal.backend import dtype_name  # noqa: F401 - keeps the import light at install time
 
-        from .profiler import DEFINITIONS, _host_device_bandwidth, _op_rows
-        from .profiler import annotate_rows
+        from .profiler import DEFINITIONS, _host_device_bandwidth, _op_rows, annotate_rows
         from .roofline import resolve_peaks
         not_measured: List[str] = []
         need = 2 + 2 * self.P
