@@ -135,6 +135,45 @@ def test_error_stats_known_values():
     assert s["nan_inf_mismatch"] == 2 and s["exceeds"]
 
 
+def test_aggregate_rule_judges_direction_only_above_the_atol_floor():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, generator=g, dtype=torch.float64)
+    unrelated = torch.randn(4096, generator=g, dtype=torch.float64)
+    kw = dict(target_dtype=torch.float32, rtol=1.3e-6, atol=1e-5, normwise=True, rule="aggregate")
+    # noise-level gradients (a masked position's ~1e-8, say): cosine and rms_rel are meaningless there
+    s = error_stats(unrelated * 1e-8, ref * 1e-8, **kw)
+    assert s["cosine"] < 0.5 and s["rms_rel"] > 1 and not s["exceeds"]
+    # the same disagreement at a real scale is an error
+    s = error_stats(unrelated, ref, **kw)
+    assert s["exceeds"]
+    s = error_stats(ref * (1 + 1e-7), ref, **kw)
+    assert not s["exceeds"]
+
+
+class FunctionalDropout(torch.nn.Module):
+    """Dropout applied functionally from a float the module keeps, as T5's attention does."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = 0.5
+        self.inner = torch.nn.Linear(8, 8)
+        self.inner.attention_dropout = 0.25
+
+    def forward(self, x):
+        x = torch.nn.functional.dropout(x, p=self.dropout, training=self.training)
+        return torch.nn.functional.dropout(self.inner(x), p=self.inner.attention_dropout, training=self.training)
+
+
+def test_disable_dropout_also_zeroes_functional_dropout_probabilities():
+    from hal.conformance.precision.compare import disable_dropout
+    m = FunctionalDropout().train()
+    m.keep = torch.nn.Dropout(0.3)
+    assert disable_dropout(m) == 3
+    assert m.dropout == 0.0 and m.inner.attention_dropout == 0.0 and m.keep.p == 0.0
+    x = torch.randn(4, 8)
+    assert torch.equal(m(x), m.inner(x))
+
+
 def test_ulp_error_for_16_bit_types():
     r = torch.ones(4, dtype=torch.float64)
     t = torch.full((4,), 1 + 2 ** -10, dtype=torch.float16)  # one float16 ULP above 1.0

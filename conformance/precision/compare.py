@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -72,13 +73,27 @@ def to_reference(batch: Any) -> Any:
     return tree_map(conv, batch)
 
 
+#: float attributes through which models apply dropout functionally (``F.dropout(x, p=self.dropout, ...)``,
+#: T5's ``dropout_rate``, Hugging Face's ``attention_dropout``/``activation_dropout``, LayerDrop's ``layerdrop``)
+_FUNCTIONAL_DROPOUT = re.compile(r"(dropout|layerdrop|drop_prob)", re.IGNORECASE)
+
+
 def disable_dropout(model: torch.nn.Module) -> int:
-    """Set every dropout module's p to 0; returns how many were changed."""
+    """Set every dropout module's p to 0, and every float dropout probability a module keeps for functional
+    dropout (an attribute named like ``dropout``, ``attention_dropout``, ``dropout_rate``, ``layerdrop``) to 0.0;
+    returns how many were changed.
+
+    Dropout draws from the device's generator, which a float64 reference on another device cannot replay: left
+    on, every output after it differs by the mask (a T5 attention dropout on CUDA, say), not by arithmetic."""
     n = 0
     for m in model.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p != 0:
             m.p = 0.0
             n += 1
+        for name, value in list(vars(m).items()):
+            if type(value) is float and value > 0 and _FUNCTIONAL_DROPOUT.search(name):
+                setattr(m, name, 0.0)
+                n += 1
     return n
 
 

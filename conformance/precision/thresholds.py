@@ -16,8 +16,9 @@ Rule (documented in docs/precision.md):
   operand (input or output).
 * A *total* error (against the float64 reference run: inherited plus introduced), and every
   module output, gradient, parameter and loss, exceeds when a NaN/Inf position differs, the RMS
-  relative error is over ``rtol_eff + atol`` or the cosine similarity is under 0.99 (aggregate
-  rule: accumulated rounding fails the element rule on a predictable share of elements). The
+  relative error is over ``rtol_eff + atol`` or the cosine similarity is under 0.99 while some
+  element's error is over ``atol`` (aggregate rule: accumulated rounding fails the element rule on a
+  predictable share of elements; the two scale-free measures need the atol floor, or they judge noise). The
   tolerance dtype of a total comparison is the least precise dtype on the data path that
   produced it (inherited through the op graph), or the autocast dtype.
 
@@ -127,7 +128,8 @@ def thresholds_summary() -> Dict[str, object]:
         "mismatch_fraction": MISMATCH_FRACTION,
         "local_rule": "element rule at the least precise operand dtype; exceeds if NaN/Inf mismatch "
                       "or mismatch fraction > 1e-3",
-        "total_rule": "aggregate: exceeds if NaN/Inf mismatch, rms_rel > rtol_eff + atol, or cosine < 0.99; "
+        "total_rule": "aggregate: exceeds if NaN/Inf mismatch, or some |out-ref| > atol and (rms_rel > rtol_eff + atol "
+                      "or cosine < 0.99); "
                       "dtype = least precise on the data path (or the autocast dtype)",
         "parameter_rule": "parameters after the optimizer step: exceeds if NaN/Inf mismatch or "
                           "rms(|p-p_ref|) > rtol_eff*rms(p_ref) + atol + lr (the optimizer's per-step resolution)",
