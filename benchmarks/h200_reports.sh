@@ -7,7 +7,7 @@
 # with the environment fingerprint of every step's machine in env.json.
 #
 # Usage, from the project root:  [HAL_COMMIT=<sha>] benchmarks/h200_reports.sh [PART ...]
-# PARTs: models dp precision profile matrix audit tests (default: all). Each step has its own time
+# PARTs: models dp precision profile matrix audit tests (default: all). MATRIX_JOBS: matrix cells at once (4). Each step has its own time
 # limit; a failing step does not stop the rest; the exit status is the number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -61,7 +61,7 @@ if want matrix; then
   step "compatibility matrix: cuda cells"
   # gpt, cnn, moe and the 19 transformers architectures (hf:*): carry the transformers 4.x wheels, e.g.
   # ../shared/device/prepare-wheels.sh transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2 safetensors==0.8.0 regex
-  run 540 $HAL matrix --devices cuda --models all --modes train,infer --dtypes float32,bfloat16 --jobs 4 --timeout 120 --out "$R/matrix-cuda"
+  run 540 $HAL matrix --devices cuda --models all --modes train,infer --dtypes float32,bfloat16 --jobs "${MATRIX_JOBS:-4}" --timeout 150 --out "$R/matrix-cuda"
 fi
 if want audit; then
   step "hal-audit on cuda"
