@@ -408,12 +408,13 @@ def _t(v: float, dtype: Any):
 
 def _verdict_local(out: dict) -> tuple:
     """Verdict from local (shadow) errors only: no reference run to compare totals and drift with."""
+    from hal.conformance.precision.compare import divergence_reason
     fd = out["first_divergence"]
     if fd is not None and fd["kind"] == "introduced":
-        return "fail", [f"{fd['module']}:{fd['op']} introduced error beyond its threshold"]
+        return "fail", [divergence_reason(fd)]
     reasons = ["compared against float64 shadows only (no comparable reference run)"]
     if fd is not None:
-        reasons.append(f"{fd['module']}:{fd['op']} amplified in-tolerance inputs beyond tolerance")
+        reasons.append(divergence_reason(fd))
         return "warning", reasons
     return "pass", reasons
 

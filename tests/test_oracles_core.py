@@ -95,6 +95,21 @@ def test_blame_falls_back_to_tier2_then_to_an_amplifier():
     assert fd["compared_against"] == "float64 reference run" and fd["metric"] == "mismatch_frac"
 
 
+def test_an_unshadowed_op_over_its_threshold_is_first_seen_not_introduced():
+    # a backward op with no recorded producers and no float64 shadow (too large to sample), whose total
+    # exceeds: the error is first seen there, which does not prove it introduced it (H200, autocast fp16)
+    rec = _op(0, "select_backward", local=None, total=True)
+    rec.shadow_error = "UnshadowedError: output of 1572864 elements has no sampled shadow"
+    status, fd = classify([rec])
+    assert status == ["exceeds"] and fd["kind"] == "first-seen"
+    assert "not isolated (UnshadowedError" in fd["note"] and "not recorded" in fd["note"]
+    verdict, why = _verdict({"rows": [], "drift": {"max_rel_dev": 0.0}, "first_divergence": fd}, torch.float16)
+    assert verdict == "warning" and "first op over its threshold" in why[0]
+    # the same op with a shadow that confirms its own error is introduced, and fails
+    status, fd = classify([_op(0, "select_backward", local=True, total=True)])
+    assert fd["kind"] == "introduced" and "note" not in fd
+
+
 def test_blame_none_when_nothing_exceeds_and_inherited_errors_are_not_blamed():
     status, fd = classify([_op(0, "a", local=False, total=False), _op(1, "b", local=False, total=False, inputs=[0])])
     assert fd is None and status == ["ok", "ok"]

@@ -20,7 +20,10 @@ Blame (``first_divergence``): in execution order, the first op whose output exce
 while every recorded producer of its inputs was within tolerance, and whose float64 shadow
 confirms the error is its own (``kind="introduced"``). If none qualifies, the first op whose own
 error exceeds with inputs already off (``introduced``, ``inputs_within=False``), then the first op
-that merely amplified in-tolerance inputs beyond tolerance (``kind="amplified"``).
+that merely amplified in-tolerance inputs beyond tolerance (``kind="amplified"``). An op that could
+not be shadowed (``local`` None) and exceeds against the reference run with in-tolerance (or
+unrecorded) inputs is where the error is first seen (``kind="first-seen"``, with a ``note``), not
+proof that it introduced it. Only an ``introduced`` divergence fails the verdict.
 
 Raises :class:`hal.errors.HalError` subclasses for an unusable device; everything else propagates.
 Not thread-safe (models are mutated by training steps).
@@ -208,14 +211,31 @@ def classify(records: Sequence[OpRecord]) -> Tuple[List[str], Optional[Dict[str,
     use_local = rec.local is not None and rec.local["exceeds"]
     stats, thr = (rec.local, rec.threshold) if use_local else (rec.total, rec.total_threshold)
     metric, value, limit = exceeded_metric(stats, thr)
-    kind = "amplified" if status[pick] == "amplified" else "introduced"
+    # an op whose own error was not isolated (no float64 shadow) and whose total exceeds is where the error is
+    # first seen, not proof that it introduced it: its producers may be ops the tracer did not record
+    kind = "amplified" if status[pick] == "amplified" else "introduced" if rec.local is not None else "first-seen"
     fd = {"module": rec.module, "op": rec.op, "phase": rec.phase, "occurrence": rec.occurrence,
           "metric": metric, "value": value, "threshold": limit, "kind": kind,
           "inputs_within": all(within[p] for p in rec.inputs),
           "compared_against": "float64 shadow of the op on its actual inputs" if use_local
           else "float64 reference run", "max_abs": stats["max_abs"], "rms_rel": stats["rms_rel"],
           "rtol_eff": thr["rtol_eff"], "atol": thr["atol"], "index": pick}
+    if kind == "first-seen":
+        fd["note"] = (f"its own error was not isolated ({rec.shadow_error or 'no float64 shadow'}); "
+                      + ("its inputs come from ops that were not recorded" if not rec.inputs
+                         else "its recorded inputs were within tolerance"))
     return status, fd
+
+
+def divergence_reason(fd: Dict[str, Any]) -> str:
+    """One line for the verdict's reasons: what ``first_divergence`` says about ``fd``'s op."""
+    where = f"{fd['module']}:{fd['op']}"
+    if fd["kind"] == "introduced":
+        return f"{where} introduced error beyond its threshold"
+    if fd["kind"] == "first-seen":
+        return (f"{where} is the first op over its threshold against the float64 reference run; "
+                f"{fd.get('note', 'its own error was not isolated')}")
+    return f"{where} amplified in-tolerance inputs beyond tolerance"
 
 
 def exceeded_metric(stats: Dict[str, Any], thr: Dict[str, Any]) -> Tuple[str, Any, Any]:
@@ -279,13 +299,13 @@ def _verdict(out: Dict[str, Any], compute_dtype) -> Tuple[str, List[str]]:
     fd = out["first_divergence"]
     rows = out["rows"]
     if fd is not None and fd["kind"] == "introduced":
-        reasons.append(f"{fd['module']}:{fd['op']} introduced error beyond its threshold")
+        reasons.append(divergence_reason(fd))
     if any((r.get("total") or {}).get("nan_inf_mismatch", 0) for r in rows if r["kind"] == "loss"):
         reasons.append("loss is NaN/Inf where the reference is finite")
     if reasons:
         return "fail", reasons
     if fd is not None:
-        reasons.append(f"{fd['module']}:{fd['op']} amplified in-tolerance inputs beyond tolerance")
+        reasons.append(divergence_reason(fd))
     for kind in ("module", "gradient", "parameter", "loss"):
         bad = [r for r in rows if r["kind"] == kind and r["status"] != "ok"]
         if bad:
