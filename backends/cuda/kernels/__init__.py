@@ -15,7 +15,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from hal.backend import dtype_name
-from hal.backends.cuda.kernels._rows import KERNEL_DTYPES, MAX_BLOCK
+from hal.backends.cuda.kernels import _rows
+from hal.backends.cuda.kernels._rows import KERNEL_DTYPES, KERNEL_TORCH_DTYPES, MAX_BLOCK
 
 #: HAL op name -> (module, function, predicate name)
 KERNELS = {
@@ -33,9 +34,9 @@ PRIORITY = 10
 def _tensor_reason(x: Any) -> Optional[str]:
     if not isinstance(x, torch.Tensor):
         return "input is not a tensor"
-    if x.device.type != "cuda":
-        return f"input is on {x.device.type}, not cuda"
-    if dtype_name(x.dtype) not in KERNEL_DTYPES:
+    if x.device.type != _rows.KERNEL_DEVICE:
+        return f"input is on {x.device.type}, not {_rows.KERNEL_DEVICE}"
+    if x.dtype not in KERNEL_TORCH_DTYPES:
         return f"dtype {dtype_name(x.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
     if x.dim() == 0 or x.numel() == 0:
         return "0-d or empty input"
@@ -48,17 +49,17 @@ def supports_softmax(input: Any, dim: int = -1, dtype: Optional[torch.dtype] = N
         return why
     if dim not in (-1, input.dim() - 1):
         return f"softmax over dim {dim}, not the last dim (the kernel reduces contiguous rows)"
-    if dtype is not None and dtype_name(dtype) not in KERNEL_DTYPES:
+    if dtype is not None and dtype not in KERNEL_TORCH_DTYPES:
         return f"output dtype {dtype_name(dtype)} is not one of {sorted(KERNEL_DTYPES)}"
     return None
 
 
 def _trailing(input: torch.Tensor, normalized_shape: Sequence[int], *params: Any) -> Optional[str]:
-    shape = tuple(int(s) for s in normalized_shape)
-    if not shape or tuple(input.shape[-len(shape):]) != shape:
-        return f"normalized_shape {shape} does not match the trailing dims of {tuple(input.shape)}"
+    k = len(normalized_shape)
+    if not k or input.shape[-k:] != tuple(normalized_shape):
+        return f"normalized_shape {tuple(normalized_shape)} does not match the trailing dims of {tuple(input.shape)}"
     n = 1
-    for s in shape:
+    for s in normalized_shape:
         n *= s
     if n > MAX_BLOCK:
         return f"rows of {n} elements exceed the single-block kernel's {MAX_BLOCK}"
@@ -67,7 +68,7 @@ def _trailing(input: torch.Tensor, normalized_shape: Sequence[int], *params: Any
             continue
         if not isinstance(p, torch.Tensor) or p.device != input.device or p.numel() != n:
             return "weight/bias is not a tensor of normalized_shape on the input's device"
-        if dtype_name(p.dtype) not in KERNEL_DTYPES:
+        if p.dtype not in KERNEL_TORCH_DTYPES:
             return f"weight/bias dtype {dtype_name(p.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
     return None
 

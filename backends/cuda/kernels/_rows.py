@@ -10,8 +10,37 @@ import torch
 
 #: dtypes the Triton kernels take (compute is always float32 inside the kernel)
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+#: the same as torch dtypes (a set lookup on the hot path, no name conversion)
+KERNEL_TORCH_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 #: longest row the single-block kernels keep in registers (norms); softmax/cross-entropy loop past it
 MAX_BLOCK = 32768
+#: device type whose tensors the kernel wrappers take; Triton's CPU interpreter tests set it to "cpu"
+KERNEL_DEVICE = "cuda"
+#: SM count used for tensors not on a CUDA device (the CPU interpreter) unless :func:`set_sm_count` says otherwise
+CPU_SM_COUNT = 4
+
+_sm_counts: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessor count of ``device``, queried once per device and cached (the query costs
+    host time); :data:`CPU_SM_COUNT` for a non-CUDA device. :func:`set_sm_count` overrides it."""
+    n = _sm_counts.get(device)
+    if n is None:
+        if device.type == "cuda":
+            n = torch.cuda.get_device_properties(device).multi_processor_count
+        else:
+            n = CPU_SM_COUNT
+        _sm_counts[device] = n
+    return n
+
+
+def set_sm_count(device: torch.device, n: "int | None") -> None:
+    """Pretend ``device`` has ``n`` multiprocessors (None: forget, query again); for tests."""
+    if n is None:
+        _sm_counts.pop(device, None)
+    else:
+        _sm_counts[device] = int(n)
 
 
 def next_power_of_2(n: int) -> int:
@@ -38,3 +67,14 @@ def num_warps_for(block: int) -> int:
     if block >= 1024:
         return 4
     return 2 if block >= 256 else 1
+
+
+#: attribute a kernel wrapper carries when it checks its own arguments and calls torch's kernel for
+#: what it does not take (the dispatcher in :mod:`hal.ops` then skips the registry's predicate chain)
+SELF_CHECKING = "hal_checks_own_args"
+
+
+def self_checking(fn):
+    """Mark ``fn`` as taking every call of its op (see :data:`SELF_CHECKING`); returns ``fn``."""
+    setattr(fn, SELF_CHECKING, True)
+    return fn

@@ -1,10 +1,21 @@
 """Triton layer_norm, rms_norm and fused add + rms_norm over the trailing dims, forward and backward.
 
 One program normalises one row held in registers (rows up to :data:`MAX_BLOCK` elements; the
-registry's predicate sends longer rows to torch). Statistics are float32; the forward saves the
-per-row mean and 1/std (float32) for the backward. The backward computes the input gradient row
-by row and the weight/bias gradients as per-program partial sums over a strip of rows, added up
-by one ``sum(0)``; no normalised activations are stored.
+wrappers send longer rows to torch). Statistics are float32; the forward saves the per-row mean and
+1/std (float32) for the backward; no normalised activations are stored.
+
+Backward, rows up to :data:`FUSED_BWD_MAX_N` elements: one kernel computes the input gradient row by
+row and the weight/bias gradients as per-program partial sums over a strip of rows (``[programs, N]``
+float32, added up by one ``sum(0)``). Wider rows take two kernels, so that no program keeps a
+row-wide float32 accumulator: ``_norm_bwd_dx`` writes the input gradient, one row per program (the
+row in registers up to :data:`DX_SINGLE_MAX` elements, else two passes over column tiles), and
+``_norm_bwd_dwdb`` is column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to
+the SM count (about ``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its
+strip of rows for its columns into a ``[row groups, N]`` float32 buffer, then ``sum(0)``.
+
+The public wrappers (:func:`layer_norm`, :func:`rms_norm`, :func:`add_rms_norm`) take every call
+of their op: what the kernels do not take, or what :mod:`routing` sends to torch (small inputs, where
+launch overhead exceeds the GPU time), goes straight to torch's function, decided once at forward.
 
 ``add_rms_norm(x, residual)`` returns ``(rms_norm(h), h)`` with ``h = x + residual`` rounded to the
 storage dtype first, exactly what the unfused torch sequence computes; its backward adds the
@@ -15,10 +26,24 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for
+from hal.backends.cuda.kernels import routing, supports_add_rms_norm, supports_layer_norm, supports_rms_norm
+from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
+from hal.ops import torch_impl
+
+#: rows up to this many elements take the fused one-kernel backward; wider rows the two-stage one
+FUSED_BWD_MAX_N = 4096
+#: the dx kernel keeps rows up to this many elements (power of two) in registers; wider rows loop
+DX_SINGLE_MAX = 8192
+#: column tile of the looped dx kernel
+DX_TILE = 4096
+#: tile of the weight-gradient kernel: rows x columns
+DW_BLOCK_M, DW_BLOCK_N = 16, 256
+#: programs per SM the weight-gradient grid aims at
+DW_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -66,15 +91,17 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, DW, DB, stride_dy, stride_x, stride_
     dw_acc = tl.zeros([BLOCK], tl.float32)
     db_acc = tl.zeros([BLOCK], tl.float32)
     first = pid.to(tl.int64) * rows_per_prog
-    last = tl.minimum(first + rows_per_prog, M)
-    for row64 in range(first, last):
-        x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(Rstd + row64)
+    for i in range(0, rows_per_prog):
+        row64 = first + i
+        # the last program may have fewer rows: past M everything is masked (dy = 0 adds nothing)
+        rmask = mask & (row64 < M)
+        x = tl.load(X + row64 * stride_x + cols, mask=rmask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=rmask, other=0.0).to(tl.float32)
+        rstd = tl.load(Rstd + row64, mask=row64 < M, other=0.0)
         if IS_RMS:
             xhat = x * rstd
         else:
-            xhat = tl.where(mask, (x - tl.load(Mean + row64)) * rstd, 0.0)
+            xhat = tl.where(mask, (x - tl.load(Mean + row64, mask=row64 < M, other=0.0)) * rstd, 0.0)
         if HAS_W:
             g = dy * w
         else:
@@ -86,8 +113,8 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, DW, DB, stride_dy, stride_x, stride_
             c2 = tl.sum(g, 0) / N
             dx = (g - xhat * c1 - c2) * rstd
         if HAS_DH:
-            dx += tl.load(DH + row64 * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            dx += tl.load(DH + row64 * stride_dh + cols, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=rmask)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:
@@ -98,56 +125,221 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, DW, DB, stride_dy, stride_x, stride_
         tl.store(DB + pid * N + cols, db_acc, mask=mask)
 
 
-def _programs(rows: int, device: torch.device) -> int:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(rows, 4 * sms))
+@triton.jit
+def _norm_bwd_dx(DY, X, W, Mean, Rstd, DH, DX, stride_dy, stride_x, stride_dh, stride_dx, N,
+                 TILE: tl.constexpr, SINGLE: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+                 HAS_DH: tl.constexpr):
+    """dx of one row (the formulas of ``_norm_bwd``); writes nothing else."""
+    row = tl.program_id(0).to(tl.int64)
+    rstd = tl.load(Rstd + row)
+    if IS_RMS:
+        mean = 0.0
+    else:
+        mean = tl.load(Mean + row)
+    if SINGLE:
+        cols = tl.arange(0, TILE)
+        mask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        if HAS_W:
+            g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            g = dy
+        c1 = tl.sum(g * xhat, 0) / N
+        if IS_RMS:
+            dx = (g - xhat * c1) * rstd
+        else:
+            dx = (g - xhat * c1 - tl.sum(g, 0) / N) * rstd
+        if HAS_DH:
+            dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    else:
+        acc1 = tl.zeros([TILE], tl.float32)
+        acc2 = tl.zeros([TILE], tl.float32)
+        for start in range(0, N, TILE):
+            cols = start + tl.arange(0, TILE)
+            mask = cols < N
+            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+            if HAS_W:
+                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                g = dy
+            acc1 += g * xhat
+            acc2 += g
+        c1 = tl.sum(acc1, 0) / N
+        c2 = tl.sum(acc2, 0) / N
+        for start in range(0, N, TILE):
+            cols = start + tl.arange(0, TILE)
+            mask = cols < N
+            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            xhat = (x - mean) * rstd
+            if HAS_W:
+                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                g = dy
+            if IS_RMS:
+                dx = (g - xhat * c1) * rstd
+            else:
+                dx = (g - xhat * c1 - c2) * rstd
+            if HAS_DH:
+                dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_dwdb(DY, X, Mean, Rstd, DWP, DBP, stride_dy, stride_x, M, N, rows_per_group,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+                   HAS_B: tl.constexpr):
+    """Partial dw = sum(dy * xhat) and db = sum(dy) of one row group for BLOCK_N columns -> row ``group``
+    of the ``[groups, N]`` float32 buffers."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    group = tl.program_id(1)
+    first = group.to(tl.int64) * rows_per_group
+    last = tl.minimum(first + rows_per_group, M)
+    dw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for start in range(0, rows_per_group, BLOCK_M):
+        rows = first + start + tl.arange(0, BLOCK_M)
+        rmask = rows < last
+        m2 = rmask[:, None] & cmask[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        if HAS_W:
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+            rstd = tl.load(Rstd + rows, mask=rmask, other=0.0)
+            if IS_RMS:
+                xhat = x * rstd[:, None]
+            else:
+                mean = tl.load(Mean + rows, mask=rmask, other=0.0)
+                xhat = (x - mean[:, None]) * rstd[:, None]
+            dw += tl.where(m2, dy * xhat, 0.0)
+        if HAS_B:
+            db += dy
+    if HAS_W:
+        tl.store(DWP + group * N + cols, tl.sum(dw, 0), mask=cmask)
+    if HAS_B:
+        tl.store(DBP + group * N + cols, tl.sum(db, 0), mask=cmask)
+
+
+#: launch parameters per row width (computed once per N): forward (block, warps); backward below
+_fwd_params: dict = {}
+_bwd_params: dict = {}
+
+
+def _fwd(n: int):
+    p = _fwd_params.get(n)
+    if p is None:
+        block = next_power_of_2(n)
+        p = _fwd_params[n] = (block, num_warps_for(block))
+    return p
+
+
+def _bwd(n: int):
+    """``(fused, block_or_tile, single, warps)`` for rows of ``n`` elements."""
+    p = _bwd_params.get(n)
+    if p is None:
+        block = next_power_of_2(n)
+        if n <= FUSED_BWD_MAX_N:
+            p = (True, block, True, num_warps_for(block))
+        elif block <= DX_SINGLE_MAX:
+            p = (False, block, True, 16 if block >= 8192 else num_warps_for(block))
+        else:
+            p = (False, DX_TILE, False, num_warps_for(DX_TILE))
+        _bwd_params[n] = p
+    return p
+
+
+def _flat(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if t is None or (t.dim() == 1 and t.is_contiguous()):
+        return t
+    return t.reshape(-1).contiguous()
+
+
+def _fused_programs(rows: int, device: torch.device) -> int:
+    return max(1, min(rows, 4 * sm_count(device)))
+
+
+def dw_groups(rows: int, n: int, sms: int) -> tuple[int, int]:
+    """``(row groups, rows per group)`` of the weight-gradient grid for ``rows x n``: about
+    ``DW_PROGRAMS_PER_SM * sms`` programs over the column tiles, each group a multiple of
+    ``DW_BLOCK_M`` rows, no empty group."""
+    col_tiles = -(-n // DW_BLOCK_N)
+    want = max(1, -(-DW_PROGRAMS_PER_SM * sms // col_tiles))
+    groups = max(1, min(want, -(-rows // DW_BLOCK_M)))
+    per = -(-rows // groups)
+    per = -(-per // DW_BLOCK_M) * DW_BLOCK_M
+    return -(-rows // per), per
 
 
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
     """Returns ``(y, h, mean, rstd)``; ``h`` is None without a residual, ``mean`` None for RMS."""
     x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
     rows = x2.shape[0]
-    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    r2 = None if residual is None else as_rows(residual if residual.shape[-1] == n else residual.reshape(-1, n))
-    h = torch.empty((rows, n), dtype=x.dtype, device=x.device) if residual is not None else None
-    mean = None if is_rms else torch.empty(rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    block = next_power_of_2(n)
-    w = weight.reshape(-1).contiguous() if weight is not None else None
-    b = bias.reshape(-1).contiguous() if bias is not None else None
+    dev = x.device
+    y = torch.empty((rows, n), dtype=x.dtype, device=dev)
+    if residual is not None:
+        r2 = as_rows(residual if residual.shape[-1] == n else residual.reshape(-1, n))
+        h = torch.empty((rows, n), dtype=x.dtype, device=dev)
+    else:
+        r2 = h = None
+    mean = None if is_rms else torch.empty(rows, dtype=torch.float32, device=dev)
+    rstd = torch.empty(rows, dtype=torch.float32, device=dev)
+    block, warps = _fwd(n)
+    w, b = _flat(weight), _flat(bias)
     if rows:
-        _norm_fwd[(rows,)](x2, r2 if r2 is not None else x2, y, h if h is not None else y, w if w is not None else x2,
-                           b if b is not None else x2, mean if mean is not None else rstd, rstd,
-                           x2.stride(0), r2.stride(0) if r2 is not None else 0, y.stride(0),
-                           h.stride(0) if h is not None else 0, n, float(eps), BLOCK=block, IS_RMS=is_rms,
-                           HAS_RES=residual is not None, HAS_W=w is not None, HAS_B=b is not None,
-                           num_warps=num_warps_for(block))
+        _norm_fwd[(rows,)](x2, x2 if r2 is None else r2, y, y if h is None else h, x2 if w is None else w,
+                           x2 if b is None else b, rstd if mean is None else mean, rstd,
+                           x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
+                           0 if h is None else h.stride(0), n, float(eps), BLOCK=block, IS_RMS=is_rms,
+                           HAS_RES=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
+                           num_warps=warps)
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), mean, rstd
 
 
 def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n: int):
-    """Returns ``(dx, dw, db)`` (dw/db None when absent); ``dh`` is the extra gradient into ``h``."""
-    dy2 = as_rows(dy.reshape(-1, n))
-    x2 = as_rows(x.reshape(-1, n))
-    dh2 = as_rows(dh.reshape(-1, n)) if dh is not None else None
+    """Returns ``(dx, dw, db)`` (dw/db None when absent, float32 dw/db cast to the weight's dtype
+    or, for db without a weight, x's); ``dh`` is the extra gradient into ``h`` (added to dx)."""
+    dy2 = as_rows(dy if dy.shape[-1] == n else dy.reshape(-1, n))
+    x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
+    dh2 = None if dh is None else as_rows(dh if dh.shape[-1] == n else dh.reshape(-1, n))
     rows = x2.shape[0]
-    dx = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    block = next_power_of_2(n)
-    progs = _programs(rows, x.device) if rows else 1
-    rows_per_prog = -(-rows // progs) if rows else 0
+    dev = x.device
+    dx = torch.empty((rows, n), dtype=x.dtype, device=dev)
     has_w = weight is not None
-    dw_part = torch.empty((progs, n), dtype=torch.float32, device=x.device) if has_w else None
-    db_part = torch.empty((progs, n), dtype=torch.float32, device=x.device) if has_bias else None
-    w = weight.reshape(-1).contiguous() if has_w else None
-    if rows:
-        _norm_bwd[(progs,)](dy2, x2, w if has_w else x2, mean if mean is not None else rstd, rstd,
-                            dh2 if dh2 is not None else dy2, dx, dw_part if has_w else rstd,
-                            db_part if has_bias else rstd, dy2.stride(0), x2.stride(0),
-                            dh2.stride(0) if dh2 is not None else 0, dx.stride(0), rows, n, rows_per_prog,
-                            BLOCK=block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, HAS_DH=dh2 is not None,
-                            num_warps=num_warps_for(block))
-    dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if has_w else None
-    db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if has_bias else None
+    w = _flat(weight)
+    fused, block, single, warps = _bwd(n)
+    mean_ = rstd if mean is None else mean
+    if fused or not rows:
+        progs = _fused_programs(rows, dev) if rows else 1
+        per = -(-rows // progs) if rows else 0
+        dw_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_w else None
+        db_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_bias else None
+        if rows:
+            _norm_bwd[(progs,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
+                                rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+                                dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0),
+                                rows, n, per, BLOCK=block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+                                HAS_DH=dh2 is not None, num_warps=warps)
+    else:
+        _norm_bwd_dx[(rows,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
+                              dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0), n,
+                              TILE=block, SINGLE=single, IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh2 is not None,
+                              num_warps=warps)
+        dw_part = db_part = None
+        if has_w or has_bias:
+            groups, per = dw_groups(rows, n, sm_count(dev))
+            dw_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_w else None
+            db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_bias else None
+            _norm_bwd_dwdb[(-(-n // DW_BLOCK_N), groups)](
+                dy2, x2, mean_, rstd, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+                dy2.stride(0), x2.stride(0), rows, n, per, BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N,
+                IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, num_warps=8)
+    dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
+    db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
     return dx.view(x.shape), dw, db
 
 
@@ -186,8 +378,12 @@ class RmsNormFunction(torch.autograd.Function):
         return dx, (dx if ctx.has_res else None), dw, None, None
 
 
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _mode(*tensors) -> str:
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return "train"
+    return "infer"
 
 
 def _n(normalized_shape: Sequence[int]) -> int:
@@ -197,31 +393,50 @@ def _n(normalized_shape: Sequence[int]) -> int:
     return n
 
 
-def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
-               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
-    """``F.layer_norm`` over the trailing ``normalized_shape`` dims."""
-    if _needs_grad(input, weight, bias):
-        return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
-    return norm_forward(input, None, weight, bias, eps, False, _n(normalized_shape))[0]
-
-
 def _eps(input: torch.Tensor, eps: Optional[float]) -> float:
     return torch.finfo(input.dtype).eps if eps is None else float(eps)
 
 
+@self_checking
+def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """``F.layer_norm`` over the trailing ``normalized_shape`` dims, for every call: the kernel where
+    :func:`~hal.backends.cuda.kernels.supports_layer_norm` accepts the call and :mod:`routing` says so,
+    else ``F.layer_norm`` itself."""
+    if supports_layer_norm(input, normalized_shape, weight, bias) is None:
+        mode = _mode(input, weight, bias)
+        if routing.decide("layer_norm", input.dtype, mode, input.numel()):
+            if mode == "train":
+                return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
+            return norm_forward(input, None, weight, bias, eps, False, _n(normalized_shape))[0]
+    return F.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+@self_checking
 def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
              eps: Optional[float] = None) -> torch.Tensor:
-    """``F.rms_norm`` over the trailing ``normalized_shape`` dims (eps None: the dtype's machine eps)."""
-    if _needs_grad(input, weight):
-        return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
-    return norm_forward(input, None, weight, None, _eps(input, eps), True, _n(normalized_shape))[0]
+    """``F.rms_norm`` over the trailing ``normalized_shape`` dims (eps None: the dtype's machine eps), for
+    every call: the kernel where the predicate and :mod:`routing` allow, else torch's rms_norm."""
+    if supports_rms_norm(input, normalized_shape, weight) is None:
+        mode = _mode(input, weight)
+        if routing.decide("rms_norm", input.dtype, mode, input.numel()):
+            if mode == "train":
+                return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
+            return norm_forward(input, None, weight, None, _eps(input, eps), True, _n(normalized_shape))[0]
+    return torch_impl.rms_norm(input, normalized_shape, weight, eps)
 
 
+@self_checking
 def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Sequence[int],
                  weight: Optional[torch.Tensor] = None, eps: Optional[float] = None):
-    """``h = input + residual``; returns ``(rms_norm(h), h)`` in one pass."""
-    if _needs_grad(input, residual, weight):
-        y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))
-        return y, h
-    y, h, _, _ = norm_forward(input, residual, weight, None, _eps(input, eps), True, _n(normalized_shape))
-    return y, h
+    """``h = input + residual``; returns ``(rms_norm(h), h)`` in one pass, for every call: the kernel
+    where the predicate and :mod:`routing` allow, else the unfused torch sequence."""
+    if supports_add_rms_norm(input, residual, normalized_shape, weight) is None:
+        mode = _mode(input, residual, weight)
+        if routing.decide("add_rms_norm", input.dtype, mode, input.numel()):
+            if mode == "train":
+                y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))
+                return y, h
+            y, h, _, _ = norm_forward(input, residual, weight, None, _eps(input, eps), True, _n(normalized_shape))
+            return y, h
+    return torch_impl.add_rms_norm(input, residual, normalized_shape, weight, eps)
