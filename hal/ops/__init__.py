@@ -2,7 +2,9 @@
 
 Each public function (``hal.ops.softmax`` ...) takes torch's arguments plus a keyword-only
 ``fallback=`` policy, picks the implementation registered for the first tensor's device and dtype
-(cached after the first call, so dispatch adds well under a microsecond), and otherwise applies
+(cached after the first call, so dispatch adds well under a microsecond; an implementation that
+carries the attribute ``hal_checks_own_args`` is cached and called directly, with no per-call
+predicate chain, since it takes every call of its op itself), and otherwise applies
 the fallback policy of :mod:`hal.ops.fallback`: the CPU implementation runs on host copies of the
 inputs, the outputs are copied back, and the call is logged.
 
@@ -26,6 +28,10 @@ from hal.ops.registry import REGISTRY, OpImpl, OpRegistry, Resolution
 __all__ = ["REGISTRY", "OpRegistry", "OpImpl", "Resolution", "POLICIES", "fallback_policy", "current_policy",
            "fallback_log", "fallback_totals", "clear_fallback_log", "resolve", "define_op", "HalFallbackWarning",
            *torch_impl.OPS]
+
+#: attribute of an implementation that checks its own arguments and takes every call of its op (it
+#: calls torch's kernel itself for what it does not compute), so no per-call ``supports`` chain runs
+SELF_CHECKING = "hal_checks_own_args"
 
 _registered_device_types: set[str] = set()
 _caches: list[dict] = []
@@ -136,11 +142,14 @@ def _make(op: str) -> Callable[..., Any]:
     def slow(x: torch.Tensor, args: tuple, kwargs: dict, fallback: Optional[str]) -> Any:
         device = x.device
         _ensure_backend_ops(device.type)
+        chain = [i for i in REGISTRY.implementations(op, device.type)
+                 if i.dtypes is None or dtype_name(x.dtype) in i.dtypes]
+        if chain and getattr(chain[0].fn, SELF_CHECKING, False):
+            cache[(device, x.dtype)] = chain[0].fn  # it takes every call: no predicate chain per call
+            return chain[0].fn(*args, **kwargs)
         res = REGISTRY.resolve(op, device.type, dtype_name(x.dtype), args, kwargs)
         if res.impl is None:
             return _run_fallback(op, res, current_policy(fallback), args, kwargs)
-        chain = [i for i in REGISTRY.implementations(op, device.type)
-                 if i.dtypes is None or dtype_name(x.dtype) in i.dtypes]
         upto = chain[: chain.index(res.impl) + 1] if res.impl in chain else [res.impl]
         if all(i.supports is None for i in upto):
             cache[(device, x.dtype)] = res.impl.fn

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from hal.ops import SELF_CHECKING
+
 #: dtypes the Triton kernels take (compute is always float32 inside the kernel)
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 #: the same as torch dtypes (a set lookup on the hot path, no name conversion)
@@ -69,12 +71,9 @@ def num_warps_for(block: int) -> int:
     return 2 if block >= 256 else 1
 
 
-#: attribute a kernel wrapper carries when it checks its own arguments and calls torch's kernel for
-#: what it does not take (the dispatcher in :mod:`hal.ops` then skips the registry's predicate chain)
-SELF_CHECKING = "hal_checks_own_args"
-
-
 def self_checking(fn):
-    """Mark ``fn`` as taking every call of its op (see :data:`SELF_CHECKING`); returns ``fn``."""
+    """Mark ``fn`` as taking every call of its op: it checks its own arguments and calls torch's kernel
+    for what it does not compute (:data:`hal.ops.SELF_CHECKING`: the dispatcher then runs no predicate
+    chain per call); returns ``fn``."""
     setattr(fn, SELF_CHECKING, True)
     return fn

@@ -1,11 +1,18 @@
 """Triton cross-entropy: fused log_softmax + nll_loss over class logits, with backward.
 
-Forward: the logits are read once. Rows of up to 16384 classes take one program per row; longer
-rows are split into chunks of 8192 classes, one program per (row, chunk) computing the chunk's max
-and sum of exponentials, and a second small kernel combines them per row (log-sum-exp), gathers
-the target logit and writes the row's loss and log-sum-exp (two floats per row): the
-``[rows, classes]`` probabilities are never materialised. Backward reads the logits once more and
-writes ``(softmax - onehot) * grad`` directly, one program per (row, chunk). Rows whose target equals
+Forward: the logits are read once. Rows of up to 16384 classes, and longer rows when there are
+enough rows to fill the GPU (``rows >= LOOP_ROWS_PER_SM * SMs``), take one program per row (an
+online log-sum-exp over chunks of the row: one launch, no partial buffers); longer rows of a few-row
+input are split into chunks, one program per (row, chunk) computing the chunk's max and sum of
+exponentials, and a second small kernel combines them per row (log-sum-exp), gathers the target
+logit and writes the row's loss and log-sum-exp (two floats per row): the ``[rows, classes]``
+probabilities are never materialised. Backward reads the logits once more and writes
+``(softmax - onehot) * grad`` directly, one program per (row, chunk).
+
+Chunks are sized in bytes (:data:`_CHUNK_BYTES`: 8192 float32 or 16384 bfloat16/float16 classes),
+so a 2-byte program moves as many bytes as a float32 one; issue 23 measured bf16 at 32000 classes
+slower than float32 with equal element counts per program. This sizing and the one-program-per-row
+choice for many rows are not measured yet on the H200. Rows whose target equals
 ``ignore_index`` contribute 0 and are left out of the mean (all ignored: NaN, as torch); a target
 outside ``[0, classes)`` gives a NaN loss (torch raises a device-side assert instead).
 """
@@ -14,16 +21,25 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for
+from hal.backends.cuda.kernels import routing, supports_cross_entropy
+from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.backends.cuda.kernels.softmax import _online_max_sum
 
 #: rows up to this many classes take one program per row (one launch); longer rows are split into
-#: chunks of _CHUNK classes, one program per (row, chunk), then combined per row
+#: chunks of _CHUNK_BYTES, one program per (row, chunk), then combined per row, unless there are
+#: at least LOOP_ROWS_PER_SM rows per SM (then one program per row loops over its chunks)
 _SINGLE = 16384
-_CHUNK = 8192
+_CHUNK_BYTES = 32768
+LOOP_ROWS_PER_SM = 4
+
+
+def _chunk(x: torch.Tensor) -> int:
+    """Classes per chunk for logits of ``x``'s dtype (a power of two)."""
+    return _CHUNK_BYTES // x.element_size()
 
 
 @triton.jit
@@ -95,15 +111,16 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if not rows:
         return x2, t, loss, lse
-    if v <= _SINGLE:
-        block = next_power_of_2(v)
+    chunk = _chunk(x2)
+    if v <= _SINGLE or rows >= LOOP_ROWS_PER_SM * sm_count(logits.device):
+        block = next_power_of_2(v) if v <= _SINGLE else chunk
         _ce_fwd[(rows,)](x2, t, loss, lse, x2.stride(0), v, int(ignore_index), BLOCK=block,
                          num_warps=num_warps_for(block))
     else:
-        nch = triton.cdiv(v, _CHUNK)
+        nch = triton.cdiv(v, chunk)
         pm = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
         ps = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
-        _ce_partial[(rows, nch)](x2, pm, ps, x2.stride(0), v, nch, BLOCK=_CHUNK, num_warps=num_warps_for(_CHUNK))
+        _ce_partial[(rows, nch)](x2, pm, ps, x2.stride(0), v, nch, BLOCK=chunk, num_warps=num_warps_for(chunk))
         _ce_combine[(rows,)](x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, int(ignore_index),
                              CB=max(16, next_power_of_2(nch)), num_warps=1)
     return x2, t, loss, lse
@@ -112,7 +129,7 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
 def ce_backward(x2, t, lse, per_row):
     rows, v = x2.shape
     dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device)
-    block = min(next_power_of_2(v), _CHUNK)
+    block = min(next_power_of_2(v), _chunk(x2))
     if rows:
         _ce_bwd[(rows, triton.cdiv(v, block))](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,
                                                num_warps=num_warps_for(block))
@@ -151,11 +168,17 @@ class CrossEntropyFunction(torch.autograd.Function):
         return ce_backward(x2, t, lse, per_row).view(ctx.shape), None, None, None
 
 
+@self_checking
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
-    """``F.cross_entropy`` for ``input [rows, classes]``, class-index ``target [rows]``, no weight
-    and no label smoothing (the registry's predicate sends other calls to torch)."""
-    if input.requires_grad and torch.is_grad_enabled():
-        return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
-    _, t, loss, _ = ce_forward(input, target, ignore_index)
-    return _reduce(loss, t != ignore_index, reduction, input.dtype)
+    """``F.cross_entropy`` for every call: the kernel for ``input [rows, classes]``, class-index
+    ``target [rows]``, no weight and no label smoothing where :mod:`routing` allows, else torch's."""
+    if supports_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing) is None:
+        train = input.requires_grad and torch.is_grad_enabled()
+        if routing.decide("cross_entropy", input.dtype, "train" if train else "infer", input.numel()):
+            if train:
+                return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
+            _, t, loss, _ = ce_forward(input, target, ignore_index)
+            return _reduce(loss, t != ignore_index, reduction, input.dtype)
+    return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)

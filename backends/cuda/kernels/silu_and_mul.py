@@ -2,7 +2,8 @@
 
 Elementwise over ``[rows, d]`` tiles of a ``[rows, 2d]`` input: one read of each half and one
 write, float32 math, no intermediate ``silu(a)`` tensor (the unfused torch sequence writes and
-re-reads it).
+re-reads it). The public wrapper takes every call: what the kernel does not take, or what
+:mod:`routing` sends to torch, goes to the unfused torch sequence.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2
+from hal.backends.cuda.kernels import routing, supports_silu_and_mul
+from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, self_checking
+from hal.ops import torch_impl
 
 _BLOCK = 2048
 
@@ -86,8 +89,14 @@ class SiluAndMulFunction(torch.autograd.Function):
         return silu_and_mul_backward(dy, x)
 
 
+@self_checking
 def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
-    """``F.silu(a) * b`` with ``a, b = input.chunk(2, dim=-1)`` (last dim even)."""
-    if input.requires_grad and torch.is_grad_enabled():
-        return SiluAndMulFunction.apply(input)
-    return silu_and_mul_forward(input)
+    """``F.silu(a) * b`` with ``a, b = input.chunk(2, dim=-1)``, for every call: the kernel where
+    :func:`~hal.backends.cuda.kernels.supports_silu_and_mul` and :mod:`routing` allow, else torch."""
+    if supports_silu_and_mul(input) is None:
+        train = input.requires_grad and torch.is_grad_enabled()
+        if routing.decide("silu_and_mul", input.dtype, "train" if train else "infer", input.numel()):
+            if train:
+                return SiluAndMulFunction.apply(input)
+            return silu_and_mul_forward(input)
+    return torch_impl.silu_and_mul(input)

@@ -4,7 +4,8 @@ Rows up to :data:`MAX_BLOCK` elements are read once and written once (one progra
 in registers); longer rows take the looped kernel, which keeps a running max and sum per lane
 (online softmax) in one read pass and writes in a second. Compute is float32 whatever the storage
 dtype; NaN and Inf propagate as in torch (a row holding NaN or +Inf comes out NaN; -Inf entries
-give 0, or -Inf for log_softmax).
+give 0, or -Inf for log_softmax). The public wrappers take every call: what the kernels do not take,
+or what :mod:`routing` sends to torch, goes to ``torch.softmax`` / ``torch.log_softmax``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for
+from hal.backends.cuda.kernels import routing, supports_softmax
+from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for, self_checking
 
 _BWD_BLOCK = 4096
 
@@ -138,15 +140,24 @@ class SoftmaxFunction(torch.autograd.Function):
         return softmax_backward(dy, y, ctx.log, ctx.in_dtype), None, None
 
 
+def _softmax_call(op: str, log: bool, input: torch.Tensor, dim: int, dtype: Optional[torch.dtype]):
+    if supports_softmax(input, dim, dtype) is None:
+        train = input.requires_grad and torch.is_grad_enabled()
+        if routing.decide(op, input.dtype, "train" if train else "infer", input.numel()):
+            if train:
+                return SoftmaxFunction.apply(input, log, dtype)
+            return softmax_forward(input, log, dtype)
+    return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
+
+
+@self_checking
 def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``torch.softmax(input, dim, dtype=dtype)`` for the last dim (see :func:`supports_softmax`)."""
-    if input.requires_grad and torch.is_grad_enabled():
-        return SoftmaxFunction.apply(input, False, dtype)
-    return softmax_forward(input, False, dtype)
+    """``torch.softmax(input, dim, dtype=dtype)`` for every call: the kernel over the last dim where
+    :func:`~hal.backends.cuda.kernels.supports_softmax` and :mod:`routing` allow, else torch's."""
+    return _softmax_call("softmax", False, input, dim, dtype)
 
 
+@self_checking
 def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``torch.log_softmax(input, dim, dtype=dtype)`` for the last dim."""
-    if input.requires_grad and torch.is_grad_enabled():
-        return SoftmaxFunction.apply(input, True, dtype)
-    return softmax_forward(input, True, dtype)
+    """``torch.log_softmax(input, dim, dtype=dtype)`` for every call (as :func:`softmax`)."""
+    return _softmax_call("log_softmax", True, input, dim, dtype)
