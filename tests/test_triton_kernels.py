@@ -5,7 +5,9 @@ elsewhere with the reason, prefixed "cuda:" so HAL_REQUIRE_BACKENDS=cuda turns t
 check compares with torch in float64 on the CPU (inputs rounded to the test dtype first) within a
 per-dtype tolerance; outputs are allocated over memory poisoned with NaN, so an element the kernel
 never writes fails the check. Shapes cover non-powers of two, one row, 3-D inputs, rows longer than
-the single-block limit, non-contiguous inputs (transposed, column slices), NaN and Inf.
+the single-block limit, non-contiguous inputs (transposed, column slices), NaN and Inf. The module's
+calls take the kernels whatever the routing table says (``routing.using("triton")``); the routing
+cases compare both routes.
 """
 from __future__ import annotations
 
@@ -34,6 +36,13 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3,
 GRAD_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=4e-3, atol=4e-3),
             torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 SHAPES = [(1, 1000), (67, 129), (3, 5, 257), (8, 4096)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_take_every_call():
+    from hal.backends.cuda.kernels import routing
+    with routing.using("triton"):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +220,7 @@ def test_silu_and_mul_backward_noncontiguous_nan(k, dtype):
 
 # ---- cross_entropy --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,classes", [(1, 1000), (67, 129), (16, 32000), (3, 131072)])
+@pytest.mark.parametrize("rows,classes", [(1, 1000), (67, 129), (16, 32000), (3, 131072), (600, 32000)])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cross_entropy(k, dtype, rows, classes, reduction):
     x = rand((rows, classes), dtype, 28, 2.0)
@@ -243,3 +252,87 @@ def test_cross_entropy_sum_ignore_nan(k):
           torch.float32)
     allignored = torch.full((6,), 7)
     assert torch.isnan(k["ce"].cross_entropy(x.cuda(), allignored.cuda(), ignore_index=7)).item()
+
+
+# ---- wide-row norm backward (two-stage: dx row kernel + column-tiled dw/db) ---------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 8192), (64, 16384), (2, 32768), (1024, 12288), (3, 4097)])
+def test_norms_backward_wide(k, dtype, shape):
+    n = shape[-1]
+    dy = rand(shape, dtype, 40)
+    x, w, b = rand(shape, dtype, 41, 2.0) + 0.5, rand((n,), dtype, 42), rand((n,), dtype, 43)
+    # dw/db sum over the rows: the tolerance grows with the row count (float64 reference)
+    wtol = {dt: dict(rtol=t["rtol"], atol=t["atol"] * max(1, shape[0] // 8)) for dt, t in GRAD_TOL.items()}
+    for has_w, has_b in ((True, True), (False, False), (True, False)):
+        xc = x.cuda().requires_grad_()
+        wc = w.cuda().requires_grad_() if has_w else None
+        bc = b.cuda().requires_grad_() if has_b else None
+        poison()
+        k["norms"].layer_norm(xc, (n,), wc, bc, 1e-5).backward(dy.cuda())
+        xd = x.double().requires_grad_()
+        wd = w.double().requires_grad_() if has_w else None
+        bd = b.double().requires_grad_() if has_b else None
+        F.layer_norm(xd, (n,), wd, bd, 1e-5).backward(dy.double())
+        check(xc.grad, xd.grad, dtype, GRAD_TOL)
+        if has_w:
+            check(wc.grad, wd.grad, dtype, wtol)
+        if has_b:
+            check(bc.grad, bd.grad, dtype, wtol)
+    xc, wc = x.cuda().requires_grad_(), w.cuda().requires_grad_()
+    k["norms"].rms_norm(xc, (n,), wc, 1e-6).backward(dy.cuda())
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    F.rms_norm(xd, (n,), wd, 1e-6).backward(dy.double())
+    check(xc.grad, xd.grad, dtype, GRAD_TOL)
+    check(wc.grad, wd.grad, dtype, wtol)
+    r, dh = rand(shape, dtype, 44), rand(shape, dtype, 45)
+    xc, rc, wc = x.cuda().requires_grad_(), r.cuda().requires_grad_(), w.cuda().requires_grad_()
+    y, h = k["norms"].add_rms_norm(xc, rc, (n,), wc, 1e-6)
+    torch.autograd.backward([y, h], [dy.cuda(), dh.cuda()])
+    xd, rd, wd = x.double().requires_grad_(), r.double().requires_grad_(), w.double().requires_grad_()
+    hd = xd + rd
+    hd = hd + (h.detach().cpu().double() - hd).detach()
+    torch.autograd.backward([F.rms_norm(hd, (n,), wd, 1e-6), hd], [dy.double(), dh.double()])
+    check(xc.grad, xd.grad, dtype, GRAD_TOL)
+    check(rc.grad, rd.grad, dtype, GRAD_TOL)
+    check(wc.grad, wd.grad, dtype, wtol)
+
+
+def test_norms_rows_past_the_kernel_limit_go_to_torch(k):
+    x = rand((4, 65536), torch.float32, 46).cuda().requires_grad_()
+    w = rand((65536,), torch.float32, 47).cuda().requires_grad_()
+    y = k["norms"].layer_norm(x, (65536,), w, None, 1e-5)
+    assert "LayerNormFunction" not in type(y.grad_fn).__name__  # torch's kernel and autograd
+    y.sum().backward()
+    xd, wd = x.detach().cpu().double().requires_grad_(), w.detach().cpu().double().requires_grad_()
+    F.layer_norm(xd, (65536,), wd, None, 1e-5).sum().backward()
+    check(x.grad, xd.grad, torch.float32, GRAD_TOL)
+
+
+# ---- routing: the same call through torch's kernel and through the Triton kernel -------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_routed_to_torch_equals_kernel(k, dtype):
+    from hal.backends.cuda.kernels import routing
+    n = 1024
+    x, w, b, dy = rand((64, n), dtype, 48), rand((n,), dtype, 49), rand((n,), dtype, 50), rand((64, n), dtype, 51)
+    grads = {}
+    for route in ("torch", "triton"):
+        with routing.using(route):
+            xc, wc, bc = (t.cuda().requires_grad_() for t in (x, w, b))
+            y = k["norms"].layer_norm(xc, (n,), wc, bc, 1e-5)
+            assert ("LayerNormFunction" in type(y.grad_fn).__name__) == (route == "triton"), y.grad_fn
+            if route == "torch":
+                assert torch.equal(y, F.layer_norm(x.cuda(), (n,), w.cuda(), b.cuda(), 1e-5))
+            y.backward(dy.cuda())
+            s = k["softmax"].softmax(x.cuda(), -1)
+            ce = k["ce"].cross_entropy(x.cuda(), torch.arange(64, device="cuda"))
+            grads[route] = (y.detach(), xc.grad, wc.grad, bc.grad, s, ce)
+    for a, b_ in zip(grads["torch"], grads["triton"]):
+        check(b_, a.cpu().double(), dtype, GRAD_TOL)
+
+
+def test_hal_ops_dispatch_takes_the_kernel_wrapper_directly(k):
+    """hal.ops caches the self-checking kernel wrapper itself (no predicate chain per call)."""
+    import hal.ops as H
+    x = rand((8, 256), torch.float32, 52).cuda()
+    check(H.rms_norm(x, (256,), None, 1e-6), F.rms_norm(x.cpu().double(), (256,), None, 1e-6), torch.float32)
+    assert any(v is k["norms"].rms_norm for cache in H._caches for v in cache.values())
