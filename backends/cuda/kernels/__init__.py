@@ -5,6 +5,12 @@ Triton is missing (the backend then keeps torch's kernels only). Each predicate 
 the kernel takes the call, else the reason it does not (the registry records it and tries the
 next implementation, torch's own CUDA kernel), so every call has a device implementation.
 
+The public kernel functions (``norms.rms_norm`` ...) take every call of their op: they run the
+predicate themselves and call torch's function for what the kernel does not take or what
+:mod:`~hal.backends.cuda.kernels.routing` sends to torch (inputs too small for a launch to pay off),
+so :mod:`hal.ops` caches them and calls them directly (``hal_checks_own_args``); the predicates stay
+registered for :func:`hal.ops.resolve` and its reasons.
+
 The kernels follow torch's semantics and dtypes: float32, float16 and bfloat16 storage with
 float32 arithmetic; outputs have the input's dtype (softmax's ``dtype=`` argument aside).
 """

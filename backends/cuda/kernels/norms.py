@@ -231,16 +231,19 @@ _bwd_params: dict = {}
 
 
 def _fwd(n: int):
-    p = _fwd_params.get(n)
+    # keyed by the warps heuristic too: benchmarks/bench_kernels.py --sweep swaps it at run time
+    key = (n, num_warps_for)
+    p = _fwd_params.get(key)
     if p is None:
         block = next_power_of_2(n)
-        p = _fwd_params[n] = (block, num_warps_for(block))
+        p = _fwd_params[key] = (block, num_warps_for(block))
     return p
 
 
 def _bwd(n: int):
     """``(fused, block_or_tile, single, warps)`` for rows of ``n`` elements."""
-    p = _bwd_params.get(n)
+    key = (n, num_warps_for)
+    p = _bwd_params.get(key)
     if p is None:
         block = next_power_of_2(n)
         if n <= FUSED_BWD_MAX_N:
@@ -249,7 +252,7 @@ def _bwd(n: int):
             p = (False, block, True, 16 if block >= 8192 else num_warps_for(block))
         else:
             p = (False, DX_TILE, False, num_warps_for(DX_TILE))
-        _bwd_params[n] = p
+        _bwd_params[key] = p
     return p
 
 
