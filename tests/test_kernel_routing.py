@@ -140,3 +140,31 @@ def test_dispatcher_calls_a_self_checking_impl_without_predicates():
     for _ in range(3):
         op2(x)
     assert calls["slow"] == 3 and calls["pred"] >= 3
+
+
+def test_predicates_accept_and_reject_on_the_fast_path(monkeypatch):
+    """The kernel wrappers run these predicates on every call (cheap tensor queries): they must still
+    reject what the kernels cannot take. CPU tensors stand in for the kernel device."""
+    from hal.backends.cuda import kernels
+    from hal.backends.cuda.kernels import _rows
+    monkeypatch.setattr(_rows, "KERNEL_DEVICE", "cpu")
+    x, w = torch.randn(4, 8), torch.randn(8)
+    assert kernels.supports_layer_norm(x, (8,), w, w) is None
+    assert kernels.supports_layer_norm(x.view(2, 2, 8), [2, 8], None, torch.randn(2, 8)) is None
+    assert kernels.supports_rms_norm(x, torch.Size([8]), w) is None
+    assert kernels.supports_add_rms_norm(x, x, (8,), w) is None
+    assert "trailing dims" in kernels.supports_layer_norm(x, (4,))
+    assert "trailing dims" in kernels.supports_layer_norm(x, (3, 8))
+    assert "trailing dims" in kernels.supports_layer_norm(x, ())
+    assert "weight/bias" in kernels.supports_layer_norm(x, (8,), torch.randn(7))
+    assert "weight/bias" in kernels.supports_rms_norm(x, (8,), torch.empty(8, device="meta"))
+    assert "dtype float64" in kernels.supports_rms_norm(x, (8,), w.double())
+    assert "dtype float64" in kernels.supports_rms_norm(x.double(), (8,))
+    assert "not cpu" in kernels.supports_rms_norm(x.to("meta"), (8,))
+    wide = torch.randn(1, _rows.MAX_BLOCK + 1)
+    assert "exceed" in kernels.supports_rms_norm(wide, (wide.shape[-1],))
+    assert "residual" in kernels.supports_add_rms_norm(x, x[:2], (8,), w)
+    assert "residual" in kernels.supports_add_rms_norm(x, x.to("meta"), (8,), w)
+    assert "residual" in kernels.supports_add_rms_norm(x, x.half(), (8,), w)
+    assert "last dim" in kernels.supports_softmax(x, 0)
+    assert kernels.supports_softmax(x, 1, torch.float32) is None

@@ -37,10 +37,22 @@ KERNELS = {
 PRIORITY = 10
 
 
+# The predicates run on every call of a kernel wrapper: their accepting path uses the cheapest tensor
+# queries (``is_cuda`` and ``get_device()`` instead of ``device`` objects, ``shape[-1]`` for one dim).
+
+def _on_kernel_device(x: torch.Tensor) -> bool:
+    dev = _rows.KERNEL_DEVICE
+    return x.is_cuda if dev == "cuda" else x.device.type == dev
+
+
+def _same_device(p: torch.Tensor, x: torch.Tensor) -> bool:
+    return p.get_device() == x.get_device() if x.is_cuda else p.device == x.device
+
+
 def _tensor_reason(x: Any) -> Optional[str]:
     if not isinstance(x, torch.Tensor):
         return "input is not a tensor"
-    if x.device.type != _rows.KERNEL_DEVICE:
+    if not _on_kernel_device(x):
         return f"input is on {x.device.type}, not {_rows.KERNEL_DEVICE}"
     if x.dtype not in KERNEL_TORCH_DTYPES:
         return f"dtype {dtype_name(x.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
@@ -62,17 +74,22 @@ def supports_softmax(input: Any, dim: int = -1, dtype: Optional[torch.dtype] = N
 
 def _trailing(input: torch.Tensor, normalized_shape: Sequence[int], *params: Any) -> Optional[str]:
     k = len(normalized_shape)
-    if not k or input.shape[-k:] != tuple(normalized_shape):
+    if k == 1:
+        n = normalized_shape[0]
+        ok = input.shape[-1] == n
+    else:
+        ok = k > 0 and input.shape[-k:] == tuple(normalized_shape)
+        n = 1
+        for s in normalized_shape:
+            n *= s
+    if not ok:
         return f"normalized_shape {tuple(normalized_shape)} does not match the trailing dims of {tuple(input.shape)}"
-    n = 1
-    for s in normalized_shape:
-        n *= s
     if n > MAX_BLOCK:
         return f"rows of {n} elements exceed the single-block kernel's {MAX_BLOCK}"
     for p in params:
         if p is None:
             continue
-        if not isinstance(p, torch.Tensor) or p.device != input.device or p.numel() != n:
+        if not isinstance(p, torch.Tensor) or not _same_device(p, input) or p.numel() != n:
             return "weight/bias is not a tensor of normalized_shape on the input's device"
         if p.dtype not in KERNEL_TORCH_DTYPES:
             return f"weight/bias dtype {dtype_name(p.dtype)} is not one of {sorted(KERNEL_DTYPES)}"
@@ -95,7 +112,7 @@ def supports_add_rms_norm(input: Any, residual: Any = None, normalized_shape: Se
     if why:
         return why
     if not isinstance(residual, torch.Tensor) or residual.shape != input.shape or residual.dtype != input.dtype \
-            or residual.device != input.device:
+            or not _same_device(residual, input):
         return "residual does not have the input's shape, dtype and device"
     return None
 

@@ -381,11 +381,10 @@ class RmsNormFunction(torch.autograd.Function):
         return dx, (dx if ctx.has_res else None), dw, None, None
 
 
-def _mode(*tensors) -> str:
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return "train"
+def _mode(x: torch.Tensor, a: Optional[torch.Tensor] = None, b: Optional[torch.Tensor] = None) -> str:
+    if torch.is_grad_enabled() and (x.requires_grad or (a is not None and a.requires_grad)
+                                    or (b is not None and b.requires_grad)):
+        return "train"
     return "infer"
 
 
