@@ -336,3 +336,102 @@ def test_hal_ops_dispatch_takes_the_kernel_wrapper_directly(k):
     x = rand((8, 256), torch.float32, 52).cuda()
     check(H.rms_norm(x, (256,), None, 1e-6), F.rms_norm(x.cpu().double(), (256,), None, 1e-6), torch.float32)
     assert any(v is k["norms"].rms_norm for cache in H._caches for v in cache.values())
+
+
+# ---- timing report (not a test): python tests/test_triton_kernels.py OUT.json ----------------------
+def _timing_report(path: str) -> None:
+    """GPU time of the paths issue 23 measured slow (wide-row norm backward, cross_entropy at 32000
+    classes) and host time per call at decode-size shapes, HAL kernels vs torch, written to ``path``
+    as JSON rows {"kernel","dtype","shape","direction","timing","hal_us","torch_us"}. Eager, CUDA
+    events (device) or perf_counter around synchronised loops (wall); no CUDA graph."""
+    import json
+    import time
+
+    import hal.ops as H
+    from hal.backends.cuda.kernels import cross_entropy, norms, routing
+
+    def device_us(fn, n=20):
+        fn()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / n * 1e3
+
+    def wall_us(fn, n=200):
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    rows = []
+
+    def row(kernel, dtype, shape, direction, timing, hal, ref):
+        r = {"kernel": kernel, "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
+             "direction": direction, "timing": timing}
+        try:
+            timer = device_us if timing == "device" else wall_us
+            r["hal_us"], r["torch_us"] = timer(hal), timer(ref)
+            r["speedup_vs_torch"] = r["torch_us"] / r["hal_us"]
+        except Exception as exc:  # one failing case must not lose the others
+            r["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    def norms_bwd(dt, m, n):
+        x = torch.randn(m, n, device="cuda", dtype=dt, requires_grad=True)
+        w = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+        b = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+        dy = torch.randn_like(x)
+        with routing.using("triton"):
+            yl, yr = norms.layer_norm(x, (n,), w, b, 1e-5), norms.rms_norm(x, (n,), w, 1e-6)
+        assert "LayerNormFunction" in type(yl.grad_fn).__name__
+        tl_, tr = F.layer_norm(x, (n,), w, b, 1e-5), F.rms_norm(x, (n,), w, 1e-6)
+
+        def bwd(y, ins):
+            return lambda: torch.autograd.grad(y, ins, dy, retain_graph=True)
+        row("layer_norm", dt, (m, n), "bwd", "device", bwd(yl, (x, w, b)), bwd(tl_, (x, w, b)))
+        row("rms_norm", dt, (m, n), "bwd", "device", bwd(yr, (x, w)), bwd(tr, (x, w)))
+
+    def ce(dt, m, v):
+        xc = torch.randn(m, v, device="cuda", dtype=dt, requires_grad=True)
+        tc = torch.randint(0, v, (m,), device="cuda")
+        xd = xc.detach()
+        with routing.using("triton"):
+            row("cross_entropy", dt, (m, v), "fwd", "device", lambda: cross_entropy.cross_entropy(xd, tc),
+                lambda: F.cross_entropy(xd, tc))
+            lc = cross_entropy.cross_entropy(xc, tc)
+        ltc = F.cross_entropy(xc, tc)
+        row("cross_entropy", dt, (m, v), "bwd", "device", lambda: torch.autograd.grad(lc, xc, retain_graph=True),
+            lambda: torch.autograd.grad(ltc, xc, retain_graph=True))
+
+    def host(dt):
+        # decode-size call through hal.ops: with the routing table in use (torch below its thresholds),
+        # then with the kernel forced
+        xs, ws = torch.randn(8, 4096, device="cuda", dtype=dt), torch.randn(4096, device="cuda", dtype=dt)
+        row("rms_norm", dt, (8, 4096), "fwd", "wall", lambda: H.rms_norm(xs, (4096,), ws, 1e-6),
+            lambda: F.rms_norm(xs, (4096,), ws, 1e-6))
+        with routing.using("triton"):
+            row("rms_norm[kernel forced]", dt, (8, 4096), "fwd", "wall", lambda: H.rms_norm(xs, (4096,), ws, 1e-6),
+                lambda: F.rms_norm(xs, (4096,), ws, 1e-6))
+
+    for dt in (torch.float32, torch.bfloat16):
+        for m, n in ((4096, 16384), (2048, 32768), (8192, 8192), (16384, 4096), (65536, 1024)):
+            norms_bwd(dt, m, n)
+        ce(dt, 4096, 32000)
+        ce(dt, 16, 32000)
+        host(dt)
+    with open(path, "w") as f:
+        json.dump({"routing": routing.table()["source"], "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    import sys
+    _timing_report(sys.argv[1])
