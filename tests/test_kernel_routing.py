@@ -28,7 +28,7 @@ def test_shipped_table_loads_and_is_marked_provisional():
     assert len(t["thresholds"]) == len(routing.OPS) * len(routing.DTYPES) * len(routing.MODES)
     assert all(isinstance(v, int) and v > 0 for v in t["thresholds"].values())
     # the shipped figures: small calls to torch, 64M-element calls to the kernel
-    assert not routing.decide("rms_norm", torch.bfloat16, "infer", 4096 * 4096 - 1)
+    assert not routing.decide("rms_norm", torch.bfloat16, "infer", 4096 * 4096)  # 0.28x torch in issue 23
     assert routing.decide("rms_norm", torch.bfloat16, "infer", 8192 * 8192)
 
 
