@@ -40,6 +40,17 @@ def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     return F.silu(a) * b
 
 
+def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                         reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy(input @ weight.T + bias, target)`` over the rows of ``input [..., hidden]``
+    (``weight [vocab, hidden]``, ``target [...]`` class indices): the LM head and its loss. This
+    reference materialises the full logits; backends may chunk them (same result)."""
+    logits = F.linear(input, weight, bias)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore_index,
+                           reduction=reduction)
+
+
 #: name -> (ATen overload it stands for, ATen overloads it reaches, implementation). For ops that are
 #: ATen ops themselves "reaches" is the op: the capability query expands composites per device (the
 #: kernel SDPA or rms_norm lands on differs by device and torch version); the fused HAL ops list
@@ -56,6 +67,8 @@ OPS = {
     "silu_and_mul": ("hal::silu_and_mul", ("aten::silu", "aten::mul.Tensor"), silu_and_mul),
     "matmul": ("aten::matmul", ("aten::mm", "aten::bmm"), torch.matmul),
     "cross_entropy": ("aten::cross_entropy_loss", ("aten::_log_softmax", "aten::nll_loss_forward"), F.cross_entropy),
+    "linear_cross_entropy": ("hal::linear_cross_entropy", ("aten::mm", "aten::_log_softmax",
+                                                           "aten::nll_loss_forward"), linear_cross_entropy),
     "embedding": ("aten::embedding", ("aten::index_select",), F.embedding),
     "scaled_dot_product_attention": ("aten::scaled_dot_product_attention",
                                      ("aten::scaled_dot_product_attention",), F.scaled_dot_product_attention),

@@ -1,0 +1,141 @@
+"""Fused linear + cross-entropy (the LM head and its loss) that never materialises the full logits.
+
+``linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, reduction="mean")``
+equals ``F.cross_entropy(input @ weight.T + bias, target, ignore_index=..., reduction=...)``
+(``input [..., hidden]``, ``weight [vocab, hidden]``, ``target [...]`` class indices). The rows are
+processed in chunks of :func:`chunk_rows` rows; per chunk the logits ``[chunk, vocab]`` are
+computed in the input dtype, the softmax in float32, and, when a gradient is wanted, the logits
+gradient ``(softmax - onehot) * scale`` is formed in place and immediately turned into
+``grad_input[chunk] = dlogits @ weight`` and accumulated into ``grad_weight += dlogits.T @ x_chunk``
+and ``grad_bias += dlogits.sum(0)`` -- all during the forward (as Liger-Kernel does), so the
+backward only multiplies the stored gradients by the scalar ``grad_output``. The largest
+temporaries are one chunk's logits (input dtype + float32) plus ``grad_weight`` and
+``grad_input``; the full ``[rows, vocab]`` logits never exist.
+
+Plain torch ops only (matmuls by cuBLAS on CUDA): the module imports no Triton and runs on any
+device, so it is tested on the CPU. ``grad_weight`` accumulates in float32 for float32 inputs and
+in the input dtype otherwise (like Liger; one rounding per chunk). ``reduction="none"`` cannot be
+precomputed this way (the weight gradient depends on the per-row grad_output): :func:`supports`
+rejects it and the dispatcher falls back to the reference.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+#: default byte budget of one chunk's logits (input-dtype copy + float32 copy)
+CHUNK_BYTES = 256 << 20
+
+
+def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk so one chunk's logits (``elem_bytes`` + 4 bytes per element: the input-dtype
+    logits and their float32 softmax) fit ``budget_bytes``; at least 1, at most ``n_rows``,
+    a multiple of 8 when more than 8 rows fit (friendlier matmul shapes)."""
+    per_row = max(1, vocab) * (elem_bytes + (0 if elem_bytes == 4 else 4))
+    rows = max(1, budget_bytes // per_row)
+    if rows > 8:
+        rows -= rows % 8
+    return int(max(1, min(n_rows, rows)))
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """Chunked forward that also computes the gradients; backward scales them by grad_output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool) -> torch.Tensor:
+        n = x.shape[0]
+        valid_all = target != ignore_index
+        n_valid = valid_all.sum()
+        # mean: 1/valid rows (torch returns nan for 0 valid rows; the gradient is kept finite)
+        scale = (1.0 / n_valid.clamp(min=1).to(torch.float32)) if reduction == "mean" else None
+        want_x = need_grad and ctx.needs_input_grad[0]
+        want_w = need_grad and ctx.needs_input_grad[1]
+        want_b = need_grad and bias is not None and ctx.needs_input_grad[3]
+        grad_x = torch.empty_like(x) if want_x else None
+        acc_dtype = torch.float32 if weight.dtype == torch.float32 else weight.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        for start in range(0, n, rows_per_chunk):
+            end = min(n, start + rows_per_chunk)
+            xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
+            logits = torch.nn.functional.linear(xc, weight, bias)
+            lf = logits.float()  # the same tensor for float32 inputs
+            lse = torch.logsumexp(lf, dim=-1)
+            safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
+            picked = lf.gather(1, safe[:, None]).squeeze(1)
+            loss += ((lse - picked) * vc).sum()
+            if not (want_x or want_w or want_b):
+                continue
+            p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
+            rows = torch.arange(end - start, device=p.device)
+            p[rows, safe] -= vc.to(p.dtype)
+            row_scale = vc.to(p.dtype) if scale is None else vc.to(p.dtype) * scale
+            p.mul_(row_scale[:, None])
+            dl = p if p.dtype == x.dtype else p.to(x.dtype)
+            if want_x:
+                torch.mm(dl, weight.to(dl.dtype), out=grad_x[start:end])
+            if want_w:
+                grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+            if want_b:
+                grad_b += p.sum(0)
+            del logits, lf, p, dl
+        if reduction == "mean":
+            loss = loss / n_valid.to(torch.float32)
+        ctx.save_for_backward(grad_x, grad_w, grad_b)
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return loss.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):
+        grad_x, grad_w, grad_b = ctx.saved_tensors
+        g = grad_out.float()
+        dx = None if grad_x is None else (grad_x * g).to(ctx.dtypes[0])
+        dw = None if grad_w is None else (grad_w * g).to(ctx.dtypes[1])
+        db = None if grad_b is None else (grad_b * g).to(ctx.dtypes[2])
+        return dx, dw, None, db, None, None, None, None
+
+
+def supports(input: Any, weight: Any = None, target: Any = None, bias: Any = None, ignore_index: int = -100,
+             reduction: str = "mean", **kwargs: Any) -> Optional[str]:
+    """None when :func:`linear_cross_entropy` takes the call, else the reason it does not."""
+    if kwargs:
+        return f"unsupported arguments {sorted(kwargs)}"
+    if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor) or not isinstance(target, torch.Tensor):
+        return "input, weight and target must be tensors"
+    if not input.is_floating_point() or input.numel() == 0:
+        return "input is not a non-empty floating-point tensor"
+    if weight.dim() != 2 or input.shape[-1] != weight.shape[1] or weight.dtype != input.dtype \
+            or weight.device != input.device:
+        return "weight is not [vocab, hidden] of the input's dtype and device"
+    if target.numel() != input.numel() // input.shape[-1] or target.dtype not in (torch.int64, torch.int32) \
+            or target.device != input.device:
+        return "target is not one class index (int64/int32) per input row on the input's device"
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)
+                             or bias.dtype != input.dtype or bias.device != input.device):
+        return "bias is not [vocab] of the input's dtype and device"
+    if reduction not in ("mean", "sum"):
+        return f"reduction {reduction!r}: only 'mean' and 'sum' (the gradients are computed in the forward)"
+    return None
+
+
+def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
+                         chunk_size: Optional[int] = None) -> torch.Tensor:
+    """``F.cross_entropy(input @ weight.T + bias, target, ignore_index=, reduction=)`` in row chunks.
+
+    ``input [..., hidden]``, ``weight [vocab, hidden]``, ``bias [vocab]`` or None, ``target [...]``;
+    ``reduction`` 'mean' or 'sum' (ValueError otherwise, see :func:`supports`); ``chunk_size`` rows
+    per chunk (default :func:`chunk_rows`). Returns a 0-d loss in the input dtype; differentiable
+    in input, weight and bias (gradients are computed during the forward when grad is enabled)."""
+    why = supports(input, weight, target, bias, ignore_index, reduction)
+    if why:
+        raise ValueError(f"linear_cross_entropy: {why}")
+    x = input.reshape(-1, input.shape[-1])
+    t = target.reshape(-1)
+    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size())
+    need_grad = torch.is_grad_enabled() and any(
+        p is not None and p.requires_grad for p in (input, weight, bias))
+    return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad)
