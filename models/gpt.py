@@ -4,7 +4,11 @@ Architecture (GPT-2 family): token embedding + learned positions (or RoPE), pre-
 causal self-attention and an MLP, a final norm and a head tied to the token embedding. Options:
 ``norm`` ``layernorm``/``rmsnorm``; ``mlp`` ``gelu`` (4h GELU) or ``swiglu`` (SiLU-gated);
 ``pos`` ``learned``/``rope``; ``attention`` ``sdpa`` (``F.scaled_dot_product_attention``) or
-``math`` (explicit softmax(QK^T/sqrt(d))V, the reference path).
+``math`` (explicit softmax(QK^T/sqrt(d))V, the reference path); ``ops`` ``torch`` (torch's own
+modules and functions) or ``hal`` (the norms, the MLP activation, the math path's softmax and the
+LM head + loss go through ``hal.ops``: ``layer_norm``/``rms_norm``, ``gelu``/``silu``, ``softmax``
+and ``linear_cross_entropy``, which a backend may fuse and chunk; SDPA stays torch's). Both give
+the same parameters and model state dicts.
 
 Inference API (usable by a profiler: time to first token = :meth:`GptWorkload.prefill`, per-token
 latency = :meth:`GptWorkload.decode_step`):
@@ -49,10 +53,12 @@ class GptConfig(BaseConfig):
     gen_tokens: int = 8
     lr: float = 3e-3
     weight_decay: float = 0.1
+    ops: str = "torch"           # torch | hal (see the module docstring)
 
     def __post_init__(self) -> None:
         for field, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
-                               ("pos", ("learned", "rope")), ("attention", ("sdpa", "math"))):
+                               ("pos", ("learned", "rope")), ("attention", ("sdpa", "math")),
+                               ("ops", ("torch", "hal"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"gpt config {field}={getattr(self, field)!r}; one of {', '.join(allowed)}")
         if self.n_embd % self.n_head:
@@ -76,12 +82,36 @@ GPT_CONFIGS = {
 
 
 # ---- building blocks (shared with the moe workload) ---------------------------------------------
-def make_norm(kind: str, dim: int) -> nn.Module:
+def make_norm(kind: str, dim: int, ops: str = "torch") -> nn.Module:
+    """A ``layernorm``/``rmsnorm`` module over the last ``dim``; with ``ops="hal"`` its forward calls
+    ``hal.ops`` (same parameters and state dict as torch's module)."""
     if kind == "layernorm":
-        return nn.LayerNorm(dim)
+        return HalLayerNorm(dim) if ops == "hal" else nn.LayerNorm(dim)
+    if ops == "hal":
+        return HalRMSNorm(dim, eps=1e-6)
     if hasattr(nn, "RMSNorm"):
         return nn.RMSNorm(dim, eps=1e-6)
     return _RMSNorm(dim)  # pragma: no cover - torch < 2.4
+
+
+class HalLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` whose forward is ``hal.ops.layer_norm``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import hal.ops as H
+        return H.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class HalRMSNorm(nn.Module):
+    """RMSNorm (``weight`` parameter, like ``nn.RMSNorm``) whose forward is ``hal.ops.rms_norm``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.normalized_shape, self.eps, self.weight = (dim,), eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import hal.ops as H
+        return H.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 class _RMSNorm(nn.Module):  # pragma: no cover - only for torch without nn.RMSNorm
@@ -133,8 +163,10 @@ def kv_cache_bytes(n_layer: int, kv_heads: int, head_dim: int, tokens: int, byte
     return 2 * n_layer * kv_heads * head_dim * tokens * bytes_per
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, dropout_p: float) -> torch.Tensor:
-    """Causal attention of ``q[b,h,s,d]`` over ``k, v[b,h,L,d]`` (``L >= s``, queries at the end)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, dropout_p: float,
+              ops: str = "torch") -> torch.Tensor:
+    """Causal attention of ``q[b,h,s,d]`` over ``k, v[b,h,L,d]`` (``L >= s``, queries at the end);
+    the ``math`` path's softmax is ``hal.ops.softmax`` when ``ops="hal"``."""
     s, L = int(q.shape[-2]), int(k.shape[-2])
     if impl == "sdpa":
         if s == L:
@@ -145,7 +177,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, drop
     if s > 1:
         mask = torch.ones(s, L, dtype=torch.bool, device=q.device).tril(L - s)
         att = att.masked_fill(~mask, float("-inf"))
-    att = F.softmax(att, dim=-1)
+    if ops == "hal":
+        import hal.ops as H
+        att = H.softmax(att, -1)
+    else:
+        att = F.softmax(att, dim=-1)
     if dropout_p:
         att = F.dropout(att, dropout_p)
     return att @ v
@@ -171,7 +207,8 @@ class CausalSelfAttention(nn.Module):
             cache.k[layer][:, :, pos:pos + s] = k
             cache.v[layer][:, :, pos:pos + s] = v
             k, v = cache.k[layer][:, :, :pos + s], cache.v[layer][:, :, :pos + s]
-        y = attention(q, k, v, self.cfg.attention, self.cfg.dropout if self.training else 0.0)
+        y = attention(q, k, v, self.cfg.attention, self.cfg.dropout if self.training else 0.0,
+                      self.cfg.ops)
         y = y.transpose(1, 2).reshape(b, s, h)
         return self.drop(self.proj(y))
 
@@ -180,26 +217,31 @@ class Mlp(nn.Module):
     def __init__(self, cfg: GptConfig):
         super().__init__()
         h, f = cfg.n_embd, cfg.ffn_dim
-        self.kind = cfg.mlp
+        self.kind, self.ops = cfg.mlp, cfg.ops
         self.fc = nn.Linear(h, f, bias=cfg.bias)
         self.gate = nn.Linear(h, f, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.proj = nn.Linear(f, h, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is None:
-            y = F.gelu(self.fc(x))
+        if self.ops == "hal":
+            import hal.ops as H
+            act_gelu, act_silu = H.gelu, H.silu
         else:
-            y = F.silu(self.gate(x)) * self.fc(x)
+            act_gelu, act_silu = F.gelu, F.silu
+        if self.gate is None:
+            y = act_gelu(self.fc(x))
+        else:
+            y = act_silu(self.gate(x)) * self.fc(x)
         return self.drop(self.proj(y))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GptConfig, mlp: Optional[nn.Module] = None):
         super().__init__()
-        self.ln1 = make_norm(cfg.norm, cfg.n_embd)
+        self.ln1 = make_norm(cfg.norm, cfg.n_embd, getattr(cfg, "ops", "torch"))
         self.attn = CausalSelfAttention(cfg)
-        self.ln2 = make_norm(cfg.norm, cfg.n_embd)
+        self.ln2 = make_norm(cfg.norm, cfg.n_embd, getattr(cfg, "ops", "torch"))
         self.mlp = mlp if mlp is not None else Mlp(cfg)
 
     def forward(self, x: torch.Tensor, rope: Optional[Rope] = None, cache: Optional[KVCache] = None,
@@ -219,7 +261,7 @@ class Gpt(nn.Module):
         self.rope = Rope(cfg.head_dim, cfg.seq_len) if cfg.pos == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(blocks if blocks is not None else [Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = make_norm(cfg.norm, cfg.n_embd)
+        self.ln_f = make_norm(cfg.norm, cfg.n_embd, getattr(cfg, "ops", "torch"))
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.wte.weight  # tied
         self.apply(self._init)
@@ -236,6 +278,10 @@ class Gpt(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
         """Logits ``[b, s, vocab]`` (``[b, 1, vocab]`` with ``last_only``, as a server's prefill does)."""
+        return self.head(self.features(tokens, cache, last_only))
+
+    def features(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
+        """The final-norm hidden states ``[b, s, n_embd]`` the head maps to logits."""
         b, s = tokens.shape
         pos = cache.length if cache is not None else 0
         if pos + s > self.cfg.seq_len:
@@ -250,7 +296,7 @@ class Gpt(nn.Module):
             cache.length = pos + s
         if last_only:
             x = x[:, -1:]
-        return self.head(self.ln_f(x))
+        return self.ln_f(x)
 
 
 class GptExport(nn.Module):
@@ -290,6 +336,11 @@ class GptWorkload(Workload):
         return lm_batch(self.config, batch_size, gen)
 
     def _loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if self.config.ops == "hal":  # the head + loss fused (never the full logits where the backend chunks)
+            import hal.ops as H
+            h = self.model.features(batch["tokens"])
+            return H.linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.model.head.weight,
+                                          batch["targets"].reshape(-1), self.model.head.bias)
         logits = self.model(batch["tokens"])
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), batch["targets"].reshape(-1))
 

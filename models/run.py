@@ -1,12 +1,14 @@
 """``python -m hal.models.run``: train or serve one reference workload on one device and report.
 
     python -m hal.models.run --model gpt --config tiny --device cpu --dtype float32 \\
-        --mode train --steps 10 --out results.json
+        --mode train --steps 10 --out results.json [--ops hal]
 
 Prints a table (tabulate): median step time after ``--warmup`` steps, samples/s and tokens/s,
 measured peak memory of one step (:mod:`hal.models.measure`), the estimate
 (:mod:`hal.models.estimate`) and its relative error. ``--save``/``--resume`` write and read a
-checkpoint (any backend to any backend). Exit codes: 0 ok, 2 bad input (one line on stderr),
+checkpoint (any backend to any backend). ``--ops hal`` runs the model's norms, activations and
+LM head + loss through ``hal.ops`` (config field ``ops``; workloads with that field only, gpt and
+moe); the default ``torch`` uses torch's modules. Exit codes: 0 ok, 2 bad input (one line on stderr),
 4 internal error (see :mod:`hal.commandline`).
 """
 from __future__ import annotations
@@ -36,6 +38,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ops", default="torch", choices=("torch", "hal"),
+                   help="torch: torch's modules (default); hal: norms, activations, LM head + loss through hal.ops")
     p.add_argument("--save", default=None, help="write a checkpoint after the run")
     p.add_argument("--resume", default=None, help="load a checkpoint before the run")
     p.add_argument("--out", default=None, help="write the results as JSON")
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.steps < 1 or args.warmup < 0:
         raise CliError("--steps must be >= 1 and --warmup >= 0")
     try:
-        w = get_workload(args.model, args.config)
+        w = get_workload(args.model, args.config, **({"ops": args.ops} if args.ops != "torch" else {}))
         w.build(args.device, args.dtype, args.seed)
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
         if args.model in ("gpt", "moe") else 0
     res = {
         "workload": w.name, "config": args.config, "device": str(w.device), "dtype": args.dtype,
-        "mode": args.mode, "batch_size": bs, "warmup": args.warmup, "steps": args.steps,
+        "mode": args.mode, "ops": args.ops, "batch_size": bs, "warmup": args.warmup, "steps": args.steps,
         "step_time_s_median": step_s, "step_times_s": times,
         "samples_per_s": bs / step_s, "tokens_per_s": (tokens / step_s) if tokens else None,
         "tflops_per_s": est["flops_per_step"] / step_s / 1e12,

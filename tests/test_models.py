@@ -236,3 +236,45 @@ def test_run_cli_as_a_program():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "samples/s" in p.stdout
+
+
+@pytest.mark.parametrize("over", [{}, {"attention": "math", "norm": "rmsnorm", "mlp": "swiglu"}])
+def test_gpt_ops_hal_matches_torch_and_calls_hal_ops(monkeypatch, over):
+    """``ops="hal"`` trains like ``ops="torch"`` (same weights, losses within float32 noise) and its
+    norms, activations, softmax and LM head + loss really go through hal.ops."""
+    import hal.ops
+    calls: dict = {}
+    names = ["layer_norm", "rms_norm", "gelu", "silu", "softmax", "linear_cross_entropy"]
+    for name in names:
+        real = getattr(hal.ops, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a, **k)
+        monkeypatch.setattr(hal.ops, name, counted)
+    runs = {}
+    for ops in ("torch", "hal"):
+        w = _built("gpt", ops=ops, **over)
+        runs[ops] = (w, [w.train_step(w.example_batch(index=i)) for i in range(3)])
+        if ops == "torch":
+            assert calls == {}, calls
+    torch.testing.assert_close(torch.tensor(runs["hal"][1]), torch.tensor(runs["torch"][1]), rtol=1e-4, atol=1e-5)
+    for p, q in zip(runs["hal"][0].model.parameters(), runs["torch"][0].model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5)
+    norm = "rms_norm" if over else "layer_norm"
+    cfg = runs["hal"][0].config
+    assert calls[norm] == 3 * (2 * cfg.n_layer + 1), calls
+    assert calls["linear_cross_entropy"] == 3
+    assert calls["silu" if over else "gelu"] == 3 * cfg.n_layer
+    if over:
+        assert calls["softmax"] == 3 * cfg.n_layer
+    assert runs["hal"][0].model.state_dict().keys() == runs["torch"][0].model.state_dict().keys()
+
+
+def test_run_cli_ops_flag(tmp_path):
+    from hal.models.run import main
+    out = tmp_path / "r.json"
+    assert main(["--model", "gpt", "--steps", "1", "--warmup", "0", "--ops", "hal", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["ops"] == "hal" and len(res["losses"]) == 1
+    assert main(["--model", "cnn", "--steps", "1", "--ops", "hal"]) == 2  # cnn has no ops field
