@@ -1,275 +1,663 @@
-"""Benchmark the CUDA backend's Triton kernels against torch eager, in one run on one GPU.
+"""Benchmark HAL's kernels (through ``hal.ops``) against torch eager, Liger-Kernel and torch.compile.
 
-For each kernel, dtype and size: the median GPU time of the HAL kernel (through ``hal.ops``, the
-path users take), of torch eager and, for the fused kernels, of the unfused torch sequence. GPU
-time is measured on a CUDA graph that calls the op on several copies of the inputs in turn (enough
-copies to cover three times the L2, so no call reads the previous one's data from cache), timed
-with CUDA events, median of 30 replays divided by the number of calls: this keeps host launch
-overhead out of the GPU figure. ``triton.testing.do_bench`` (median, L2 flushed, host overhead
-can leak in) is recorded beside it as a cross-check. Achieved bandwidth counts the fewest bytes
-the op must move (inputs read once, outputs written once) against the device-to-device copy
-ceiling measured in the same run. At the launch-bound size it also reports host microseconds per
-call (back-to-back eager calls, one sync), where launch overhead decides the winner.
+Modes (one per run):
 
-Usage (on a GPU):  python benchmarks/bench_kernels.py --json out.json [--dtypes bfloat16,float32]
-Prints a table (tabulate) and writes the rows, the copy ceiling and the target checks as JSON.
+- ``--eager`` (default): for every kernel (softmax, log_softmax, layer_norm, rms_norm, add_rms_norm,
+  silu_and_mul, cross_entropy, linear_cross_entropy), dtype (float32, bfloat16), size (small: a
+  decode-sized batch; medium: 4096 rows; large: >= 64 MiB) and direction, one row
+  ``{"kernel","dtype","shape","size","direction","timing","hal_us","torch_us","liger_us","compile_us",...}``.
+  Columns: ``hal`` = ``hal.ops.<kernel>`` (the user path, routing included); ``torch`` = torch
+  eager; ``liger`` = Liger-Kernel's op where it has one (``liger_kernel.transformers.functional``;
+  its swiglu takes the two halves as separate contiguous tensors), else null; ``compile`` =
+  ``torch.compile`` of the torch sequence (compiled once per case, warm; null past
+  ``--compile-budget-s`` of compile time). Nothing runs in a CUDA graph.
+  ``fwd`` times the forward under ``no_grad``. ``bwd`` times backward only: the forward runs once
+  with ``requires_grad`` and ``torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True)``
+  is timed repeatedly -- except for linear_cross_entropy, whose fused implementations compute the
+  gradients inside the forward: its ``bwd`` rows time forward + backward for every column (row
+  field ``measures``), and carry the peak memory of one training step per column (``peak_mib``).
+  Timing ``wall`` (small sizes, host-bound): CUDA events around N back-to-back calls divided by N,
+  so the host time of each call is included. Timing ``device`` (medium, large): per call, the L2 is
+  flushed and the GPU is held busy by ``torch.cuda._sleep`` while the host enqueues event, call,
+  event, so the events bracket GPU time only; median of the repeats. ``tbps`` counts the fewest
+  bytes the op must move; ``copy_ceiling_tbps`` is a device-to-device copy measured in the run.
+- ``--graphs``: the previous CUDA-graph measurement of the forward (HAL vs torch GPU time only).
+- ``--raw-triton``: the Triton kernels called directly (``hal.backends.cuda.kernels.load``, no
+  routing) against torch over a row sweep, per op, dtype and mode (``infer`` = forward,
+  ``train`` = forward + backward), wall timing as above; writes the routing table
+  ``{op: {dtype: {"infer": min_numel, "train": min_numel}}, "measured": ...}``: the smallest
+  measured numel from which Triton is at least as fast as torch at every larger measured size
+  (0: at every size; null: at no size, route to torch), with the raw timings under ``"sweep"``.
+
+``--device cpu`` runs the same code with tiny shapes and host timers (a dry run proving the script
+end to end; liger and compile columns null). Prints a tabulate table and writes ``--json``
+(rewritten after every kernel, ``"complete": false`` until the end).
+
+Usage:  python benchmarks/bench_kernels.py [--eager|--graphs|--raw-triton] --json out.json
+        [--dtypes float32,bfloat16] [--kernels softmax,...] [--sizes small,medium,large] [--device cpu]
+Exit status: 0 ok, 2 no CUDA device (one line on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import os
+import statistics
+import subprocess
 import sys
 import time
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from tabulate import tabulate
 
 MiB = 1 << 20
-TARGET_TBPS = 3.8e12  # 88% of the 4.3 TB/s copy measured on the H200
-FUSED_SPEEDUP = 1.5
+TARGET_TBPS = 3.8e12
+KERNELS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm", "silu_and_mul", "cross_entropy",
+           "linear_cross_entropy")
+SIZES = ("small", "medium", "large")
+#: (rows, cols) per size; silu_and_mul: input [rows, cols]; CE: [rows, classes]; LCE: (rows, hidden, vocab)
+SHAPES = {
+    "cuda": {"rows": {"small": (8, 4096), "medium": (4096, 4096), "large": (16384, 16384)},
+             "silu_and_mul": {"small": (8, 8192), "medium": (4096, 8192), "large": (16384, 32768)},
+             "cross_entropy": {"small": (8, 32000), "medium": (4096, 32000), "large": (8192, 128256)},
+             "linear_cross_entropy": {"small": (8, 768, 50257), "medium": (4096, 768, 50257),
+                                      "large": (8192, 768, 50257)}},
+    "cpu": {"rows": {"small": (4, 64), "medium": (32, 256), "large": (64, 512)},
+            "silu_and_mul": {"small": (4, 128), "medium": (32, 512), "large": (64, 1024)},
+            "cross_entropy": {"small": (4, 100), "medium": (32, 1000), "large": (64, 2000)},
+            "linear_cross_entropy": {"small": (4, 32, 100), "medium": (32, 64, 1000), "large": (64, 64, 2000)}},
+}
 
 
-def bench_ms(fn) -> float:
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+# ---- timers -----------------------------------------------------------------------------------
+class Timer:
+    """Per-call microseconds of a callable on one device: ``wall`` (back-to-back calls, host time
+    included) and ``device`` (GPU time only; host timers on the CPU)."""
+
+    def __init__(self, device: torch.device, repeats: int = 7, target_ms: float = 3.0):
+        self.device, self.repeats, self.target_ms = device, repeats, target_ms
+        self.cuda = device.type == "cuda"
+        self._flush = torch.empty(256 * MiB, dtype=torch.uint8, device=device) if self.cuda else None
+        self._cycles_per_s = self._calibrate() if self.cuda else 0.0
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _calibrate(self) -> float:
+        torch.cuda._sleep(1000)
+        self.sync()
+        t0 = time.perf_counter()
+        torch.cuda._sleep(20_000_000)
+        self.sync()
+        return 20_000_000 / (time.perf_counter() - t0)
+
+    def _calls(self, fn: Callable[[], Any]) -> int:
+        for _ in range(3):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        one = time.perf_counter() - t0
+        return int(min(200, max(3, self.target_ms / 1e3 / max(one, 1e-7))))
+
+    def wall(self, fn: Callable[[], Any]) -> float:
+        calls, out = self._calls(fn), []
+        for _ in range(self.repeats):
+            if self.cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(calls):
+                    fn()
+                e1.record()
+                e1.synchronize()
+                out.append(e0.elapsed_time(e1) * 1e3 / calls)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                out.append((time.perf_counter() - t0) * 1e6 / calls)
+        return statistics.median(out)
+
+    def device_time(self, fn: Callable[[], Any]) -> float:
+        if not self.cuda:
+            return self.wall(fn)
+        for _ in range(3):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()  # host time of one call (the GPU may still be running it)
+        host = time.perf_counter() - t0
+        self.sync()
+        cycles = int(self._cycles_per_s * (2 * host + 50e-6))
+        pairs = []
+        for _ in range(self.repeats):
+            self._flush.zero_()
+            torch.cuda._sleep(cycles)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fn()
+            e1.record()
+            pairs.append((e0, e1))
+        self.sync()
+        return statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in pairs)
 
 
-def graph_ms(fn, arg_sets: list, reps: int = 30) -> float:
-    """Median GPU milliseconds per call of ``fn`` over ``arg_sets`` captured in one CUDA graph."""
+# ---- cases ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Case:
+    """One kernel at one shape: ``make()`` returns the inputs; ``diff`` indexes the inputs that get
+    gradients; each impl maps the inputs to the output (tensor or tuple); ``bytes_fwd``/``bytes_bwd``
+    are the fewest bytes each direction must move."""
+
+    kernel: str
+    shape: tuple
+    make: Callable[[], tuple]
+    diff: tuple
+    hal: Callable
+    torch: Callable
+    liger: Optional[Callable]
+    bytes_fwd: int
+    bytes_bwd: int
+    grads_in_forward: bool = False
+
+
+def _liger():
+    try:
+        import liger_kernel.transformers.functional as LF
+        return LF
+    except Exception:
+        return None
+
+
+def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device) -> Case:
+    """The :class:`Case` of ``kernel`` at ``size`` (see ``SHAPES``) in ``dtype`` on ``device``."""
+    import hal.ops as H
+    LF = _liger() if device.type == "cuda" else None
+    e = torch.empty((), dtype=dtype).element_size()
+    table = SHAPES["cuda" if device.type == "cuda" else "cpu"]
+    shape = table.get(kernel, table["rows"])[size]
+
+    def rnd(*s):
+        return torch.randn(*s, device=device, dtype=dtype)
+
+    if kernel in ("softmax", "log_softmax"):
+        m, n = shape
+        tfn = torch.softmax if kernel == "softmax" else torch.log_softmax
+        hfn = H.softmax if kernel == "softmax" else H.log_softmax
+        lig = (lambda x: LF.liger_softmax(x)) if LF is not None and kernel == "softmax" else None
+        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: hfn(x, -1), lambda x: tfn(x, -1), lig,
+                    2 * m * n * e, 3 * m * n * e)
+    if kernel == "layer_norm":
+        m, n = shape
+        return Case(kernel, shape, lambda: (rnd(m, n), rnd(n), rnd(n)), (0, 1, 2),
+                    lambda x, w, b: H.layer_norm(x, (n,), w, b, 1e-5),
+                    lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+                    (lambda x, w, b: LF.liger_layer_norm(x, w, b, 1e-5)) if LF else None,
+                    2 * m * n * e, 3 * m * n * e)
+    if kernel == "rms_norm":
+        m, n = shape
+        return Case(kernel, shape, lambda: (rnd(m, n), rnd(n)), (0, 1),
+                    lambda x, w: H.rms_norm(x, (n,), w, 1e-6), lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+                    (lambda x, w: LF.liger_rms_norm(x, w, 1e-6)) if LF else None, 2 * m * n * e, 3 * m * n * e)
+    if kernel == "add_rms_norm":
+        m, n = shape
+
+        def unfused(x, r, w):
+            h = x + r
+            return F.rms_norm(h, (n,), w, 1e-6), h
+        return Case(kernel, shape, lambda: (rnd(m, n), rnd(m, n), rnd(n)), (0, 1, 2),
+                    lambda x, r, w: H.add_rms_norm(x, r, (n,), w, 1e-6), unfused,
+                    (lambda x, r, w: LF.liger_fused_add_rms_norm(x, r, w, 1e-6)) if LF else None,
+                    4 * m * n * e, 5 * m * n * e)
+    if kernel == "silu_and_mul":
+        m, n = shape
+
+        def unfused(x):
+            a, b = x.chunk(2, -1)
+            return F.silu(a) * b
+
+        liger = None
+        if LF is not None:
+            def liger(x):  # Liger's swiglu takes the halves as separate tensors: the split is timed too
+                a, b = x.chunk(2, -1)
+                return LF.liger_swiglu(a.contiguous(), b.contiguous())
+        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: H.silu_and_mul(x), unfused, liger,
+                    3 * m * n // 2 * e, 5 * m * n // 2 * e)
+    if kernel == "cross_entropy":
+        m, v = shape
+        return Case(kernel, shape, lambda: (rnd(m, v), torch.randint(0, v, (m,), device=device)), (0,),
+                    lambda x, t: H.cross_entropy(x, t), lambda x, t: F.cross_entropy(x, t),
+                    (lambda x, t: LF.liger_cross_entropy(x, t)) if LF else None, m * v * e + 8 * m,
+                    2 * m * v * e + 8 * m)
+    if kernel == "linear_cross_entropy":
+        m, h, v = shape
+        ensure_linear_cross_entropy(device, dtype)
+
+        def make():
+            return (rnd(m, h), rnd(v, h) * 0.02, torch.randint(0, v, (m,), device=device))
+        return Case(kernel, shape, make, (0, 1), lambda x, w, t: H.linear_cross_entropy(x, w, t),
+                    lambda x, w, t: F.cross_entropy(F.linear(x, w), t),
+                    (lambda x, w, t: LF.liger_fused_linear_cross_entropy(x, w, t)) if LF else None,
+                    (m * h + v * h) * e, 2 * (m * h + v * h) * e, grads_in_forward=True)
+    raise ValueError(f"unknown kernel {kernel!r}; one of {', '.join(KERNELS)}")
+
+
+def ensure_linear_cross_entropy(device: torch.device, dtype: torch.dtype) -> str:
+    """Register the chunked linear_cross_entropy for ``device`` unless a non-torch one already
+    resolves (the backend's kernel table may not list it yet); returns the impl that resolves."""
+    import hal.ops as H
+    from hal.backends.cuda.kernels import linear_cross_entropy as lce
+    res = H.resolve("linear_cross_entropy", device, dtype)
+    if res.impl is None or res.impl.impl == "torch":
+        H.REGISTRY.register("linear_cross_entropy", device.type, lce.linear_cross_entropy, impl="chunked",
+                            priority=10, supports=lce.supports)
+        res = H.resolve("linear_cross_entropy", device, dtype)
+    return res.impl.label if res.impl else "none"
+
+
+def _outs(out: Any) -> list:
+    return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+
+
+def runner(fn: Callable, args: tuple, case: Case, direction: str) -> Callable[[], Any]:
+    """A no-argument callable doing one timed unit of ``fn`` on ``args`` in ``direction``."""
+    if direction == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return fn(*args)
+        return fwd
+    leaves = tuple(a.detach().requires_grad_() if i in case.diff else a for i, a in enumerate(args))
+    inputs = [leaves[i] for i in case.diff]
+    if case.grads_in_forward:
+        return lambda: torch.autograd.grad(fn(*leaves), inputs)
+    outs = [o for o in _outs(fn(*leaves)) if o.requires_grad]
+    gos = [torch.randn_like(o) if o.dim() else torch.ones_like(o) for o in outs]
+    return lambda: torch.autograd.grad(outs, inputs, gos, retain_graph=True)
+
+
+class Compiler:
+    """``torch.compile`` per case within a total compile-time budget (seconds)."""
+
+    def __init__(self, budget_s: float, enabled: bool):
+        self.budget_s, self.enabled, self.spent_s = budget_s, enabled, 0.0
+        if enabled:
+            import torch._dynamo as dynamo
+            for name in ("cache_size_limit", "recompile_limit"):
+                if hasattr(dynamo.config, name):
+                    setattr(dynamo.config, name, 1024)
+
+    def compile(self, fn: Callable) -> Optional[Callable]:
+        if not self.enabled or self.spent_s >= self.budget_s:
+            return None
+        return torch.compile(fn, dynamic=False)
+
+
+def _peak_mib(fn: Callable[[], Any], timer: Timer) -> Optional[float]:
+    if not timer.cuda:
+        return None
+    timer.sync()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    timer.sync()
+    return (torch.cuda.max_memory_allocated() - base) / MiB
+
+
+def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: Compiler, directions: list[str],
+             ceiling: Optional[float]) -> list[dict]:
+    """The rows (one per direction) of one case; errors of one column are recorded, not raised."""
+    import hal.ops as H
+    args = case.make()
+    timing = "wall" if size == "small" else "device"
+    measure = timer.wall if timing == "wall" else timer.device_time
+    rows = []
+    for direction in directions:
+        row = {"kernel": case.kernel, "dtype": str(dtype).replace("torch.", ""), "shape": list(case.shape),
+               "size": size, "direction": direction, "timing": timing,
+               "measures": ("fwd+bwd" if case.grads_in_forward and direction == "bwd" else direction),
+               "hal_impl": H.resolve(case.kernel, args[0].device, dtype).impl.label
+               if H.resolve(case.kernel, args[0].device, dtype).impl else None, "errors": {}}
+        peaks = {}
+        for col, fn in (("hal", case.hal), ("torch", case.torch), ("liger", case.liger), ("compile", "compile")):
+            row[f"{col}_us"] = None
+            if fn is None:
+                continue
+            try:
+                if fn == "compile":
+                    t0 = time.perf_counter()
+                    fn = compiler.compile(case.torch)
+                    if fn is None:
+                        continue
+                    unit = runner(fn, args, case, direction)
+                    unit()
+                    timer.sync()
+                    compiler.spent_s += time.perf_counter() - t0
+                else:
+                    unit = runner(fn, args, case, direction)
+                row[f"{col}_us"] = measure(unit)
+                if case.grads_in_forward and direction == "bwd":
+                    peaks[col] = _peak_mib(unit, timer)
+            except Exception as exc:  # one column failing must not lose the row
+                row["errors"][col] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                unit = None
+        nbytes = case.bytes_fwd if direction == "fwd" else case.bytes_bwd
+        if row["measures"] == "fwd+bwd":
+            nbytes = None  # matmul-bound: bandwidth is not the figure of merit
+            row["peak_mib"] = peaks
+        row["min_bytes"] = nbytes
+        row["tbps"] = nbytes / (row["hal_us"] * 1e-6) / 1e12 if nbytes and row["hal_us"] else None
+        row["pct_of_copy"] = 100 * row["tbps"] * 1e12 / ceiling if row["tbps"] and ceiling else None
+        for col in ("torch", "liger", "compile"):
+            row[f"x_{col}"] = row[f"{col}_us"] / row["hal_us"] if row["hal_us"] and row[f"{col}_us"] else None
+        rows.append(row)
+        print(f"{case.kernel:20s} {row['dtype']:8s} {size:6s} {direction} {timing:6s} hal {_f(row['hal_us'])} torch "
+              f"{_f(row['torch_us'])} liger {_f(row['liger_us'])} compile {_f(row['compile_us'])} us "
+              f"x_torch {_f(row['x_torch'], 2)}" + (f" errors {row['errors']}" if row["errors"] else ""), flush=True)
+    return rows
+
+
+def _f(v: Optional[float], nd: int = 1) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+# ---- the copy ceiling, environment, targets ----------------------------------------------------------
+def copy_ceiling(timer: Timer) -> Optional[float]:
+    """Device-to-device copy bandwidth (read + write bytes per second) of a 1 GiB buffer."""
+    if not timer.cuda:
+        return None
+    src = torch.empty(1024 * MiB, dtype=torch.uint8, device=timer.device).random_(0, 255)
+    dst = torch.empty_like(src)
+    us = timer.device_time(lambda d=dst, s=src: d.copy_(s))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 1024 * MiB / (us * 1e-6)
+
+
+def environment(device: torch.device) -> dict:
+    """Versions (torch, triton, liger), GPU name, date, git commit."""
+    env: dict = {"torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                 "device": str(device), "python": sys.version.split()[0]}
+    for mod in ("triton", "liger_kernel"):
+        try:
+            from importlib.metadata import version
+            env[mod] = version(mod.replace("_", "-"))
+        except Exception:
+            env[mod] = None
+    env["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    try:
+        env["commit"] = os.environ.get("HAL_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        env["commit"] = None
+    env["HAL_CUDA_ROUTING"] = os.environ.get("HAL_CUDA_ROUTING")
+    return env
+
+
+def targets(rows: list[dict]) -> dict:
+    """The issue's goals checked on the rows: no row below 0.97x torch, >= 3.8 TB/s at >= 64 MiB,
+    >= 1.0x Liger."""
+    def miss(pred):
+        return [(r["kernel"], r["dtype"], r["size"], r["direction"]) for r in rows if pred(r)]
+    slow = miss(lambda r: r["x_torch"] is not None and r["x_torch"] < 0.97)
+    bw = miss(lambda r: r["size"] == "large" and r["tbps"] is not None and r["tbps"] * 1e12 < TARGET_TBPS)
+    lig = miss(lambda r: r["x_liger"] is not None and r["x_liger"] < 1.0)
+    return {">=0.97x_torch": {"pass": not slow, "misses": slow},
+            ">=3.8TB/s_large": {"pass": not bw, "misses": bw},
+            ">=1.0x_liger": {"pass": not lig, "misses": lig}}
+
+
+TIMING = ("wall (small sizes): CUDA events around N back-to-back calls / N, host time included; device (medium, "
+          "large): L2 flushed, GPU held busy by torch.cuda._sleep while event-call-event are enqueued, so the events "
+          "bracket GPU time only; median of repeats; no CUDA graph. bwd: autograd.grad(outs, inputs, grad_outs, "
+          "retain_graph=True) after one forward (linear_cross_entropy: forward + backward, field measures)")
+
+
+def _write(path: Optional[str], doc: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+
+
+def eager(args: argparse.Namespace, device: torch.device) -> dict:
+    """The ``--eager`` table (see the module docstring)."""
+    from tabulate import tabulate
+    timer = Timer(device)
+    compiler = Compiler(args.compile_budget_s, enabled=device.type == "cuda" and not args.no_compile)
+    ceiling = copy_ceiling(timer)
+    doc = {"mode": "eager", "environment": environment(device), "copy_ceiling_tbps": ceiling and ceiling / 1e12,
+           "timing": TIMING,
+           "command": " ".join(sys.argv), "complete": False, "rows": []}
+    for kernel in args.kernels:
+        for dtype in args.dtypes:
+            for size in args.sizes:
+                try:
+                    case = build_case(kernel, size, dtype, device)
+                    doc["rows"] += run_case(case, dtype, size, timer, compiler, args.directions, ceiling)
+                except Exception as exc:  # e.g. out of memory: record and go on
+                    print(f"{kernel} {dtype} {size}: {type(exc).__name__}: {exc}", flush=True)
+                    doc.setdefault("case_errors", []).append(
+                        {"kernel": kernel, "dtype": str(dtype), "size": size, "error": f"{type(exc).__name__}: {exc}"})
+                case = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        doc["compile_seconds"] = compiler.spent_s
+        _write(args.json, doc)
+    doc["targets"] = targets(doc["rows"])
+    doc["complete"] = True
+    _write(args.json, doc)
+    print(tabulate([[r["kernel"], r["dtype"], "x".join(map(str, r["shape"])), r["direction"], r["timing"],
+                     _f(r["hal_us"]), _f(r["torch_us"]), _f(r["liger_us"]), _f(r["compile_us"]),
+                     _f(r["x_torch"], 2), _f(r["x_liger"], 2), _f(r["tbps"], 2)] for r in doc["rows"]],
+                   headers=["kernel", "dtype", "shape", "dir", "timing", "hal us", "torch us", "liger us",
+                            "compile us", "x torch", "x liger", "hal TB/s"]))
+    for name, c in doc["targets"].items():
+        print(f"{'PASS' if c['pass'] else 'MISS'} {name}" + (f"  misses: {c['misses']}" if c["misses"] else ""))
+    return doc
+
+
+# ---- raw Triton sweep and routing table -------------------------------------------------------------
+SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 4096, 16384), "cpu": (1, 4, 16)}
+SWEEP_WIDTH = {"cuda": {"silu_and_mul": 8192, "cross_entropy": 32000, None: 4096},
+               "cpu": {"silu_and_mul": 64, "cross_entropy": 100, None: 32}}
+SWEEP_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm", "silu_and_mul", "cross_entropy")
+
+
+def min_numel(points: list[tuple[int, float, float]]) -> Optional[int]:
+    """``points`` = (numel, triton_us, torch_us); the smallest numel from which Triton is at least as
+    fast at every larger measured numel (0 if at all of them, None if not at the largest)."""
+    points = sorted(points)
+    best: Optional[int] = None
+    for numel, tri, tor in reversed(points):
+        if tri is None or tor is None or tri > tor:
+            break
+        best = numel
+    if best is not None and best == points[0][0]:
+        return 0
+    return best
+
+
+def _sweep_args(op: str, rows: int, width: int, dtype: torch.dtype, device: torch.device):
+    """(inputs, diff indices, triton-call adapter, torch fn) for ``op`` at ``rows x width``."""
+    def rnd(*s):
+        return torch.randn(*s, device=device, dtype=dtype)
+    if op in ("softmax", "log_softmax"):
+        tfn = torch.softmax if op == "softmax" else torch.log_softmax
+        return (rnd(rows, width),), (0,), lambda k, x: k(x, -1), lambda x: tfn(x, -1)
+    if op == "layer_norm":
+        return ((rnd(rows, width), rnd(width), rnd(width)), (0, 1, 2), lambda k, x, w, b: k(x, (width,), w, b, 1e-5),
+                lambda x, w, b: F.layer_norm(x, (width,), w, b, 1e-5))
+    if op == "rms_norm":
+        return ((rnd(rows, width), rnd(width)), (0, 1), lambda k, x, w: k(x, (width,), w, 1e-6),
+                lambda x, w: F.rms_norm(x, (width,), w, 1e-6))
+    if op == "add_rms_norm":
+        def unfused(x, r, w):
+            h = x + r
+            return F.rms_norm(h, (width,), w, 1e-6), h
+        return ((rnd(rows, width), rnd(rows, width), rnd(width)), (0, 1, 2),
+                lambda k, x, r, w: k(x, r, (width,), w, 1e-6), unfused)
+    if op == "silu_and_mul":
+        def unfused(x):
+            a, b = x.chunk(2, -1)
+            return F.silu(a) * b
+        return (rnd(rows, width),), (0,), lambda k, x: k(x), unfused
+    if op == "cross_entropy":
+        return ((rnd(rows, width), torch.randint(0, width, (rows,), device=device)), (0,),
+                lambda k, x, t: k(x, t), lambda x, t: F.cross_entropy(x, t))
+    raise ValueError(op)
+
+
+def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
+    """The ``--raw-triton`` sweep and routing table (see the module docstring)."""
+    from tabulate import tabulate
+
+    from hal.backends.cuda.kernels import load
+    timer = Timer(device, repeats=5, target_ms=2.0)
+    key = "cuda" if device.type == "cuda" else "cpu"
+    table: dict = {}
+    sweep: list[dict] = []
+    doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
+                       "triton kernel called directly vs torch eager", "sweep": sweep}
+    for op in [o for o in args.kernels if o in SWEEP_OPS]:
+        try:
+            kern, _pred = load(op)
+        except Exception as exc:
+            doc.setdefault("errors", {})[op] = f"{type(exc).__name__}: {exc}"
+            continue
+        width = SWEEP_WIDTH[key].get(op, SWEEP_WIDTH[key][None])
+        for dtype in args.dtypes:
+            dn = str(dtype).replace("torch.", "")
+            for mode in ("infer", "train"):
+                points = []
+                for rows in SWEEP_ROWS[key]:
+                    rec = {"op": op, "dtype": dn, "mode": mode, "rows": rows, "width": width, "numel": rows * width}
+                    try:
+                        inputs, diff, call, tfn = _sweep_args(op, rows, width, dtype, device)
+                        case = Case(op, (rows, width), lambda: inputs, diff, None, None, None, 0, 0)
+
+                        def tri(*a, _k=kern, _c=call):
+                            return _c(_k, *a)
+                        for col, fn in (("triton_us", tri), ("torch_us", tfn)):
+                            if mode == "infer":
+                                unit = runner(fn, inputs, case, "fwd")
+                            else:
+                                leaves = tuple(a.detach().requires_grad_() if i in diff else a
+                                               for i, a in enumerate(inputs))
+
+                                def unit(_fn=fn, _l=leaves):
+                                    outs = [o for o in _outs(_fn(*_l)) if o.requires_grad]
+                                    return torch.autograd.grad(outs, [_l[i] for i in diff],
+                                                               [torch.ones_like(o) for o in outs])
+                            rec[col] = timer.wall(unit)
+                    except Exception as exc:
+                        rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    sweep.append(rec)
+                    points.append((rec["numel"], rec.get("triton_us"), rec.get("torch_us")))
+                    print(f"raw {op:14s} {dn:8s} {mode:5s} rows {rows:6d} triton {_f(rec.get('triton_us'))} "
+                          f"torch {_f(rec.get('torch_us'))} us" + (f" {rec['error']}" if "error" in rec else ""),
+                          flush=True)
+                table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(points)
+        _write(args.json, {**table, **doc})
+    out = {**table, **doc}
+    _write(args.json, out)
+    print(tabulate([[op, dn, m["infer"], m["train"]] for op, d in table.items() for dn, m in d.items()],
+                   headers=["op", "dtype", "infer min numel", "train min numel"]))
+    return out
+
+
+# ---- CUDA-graph mode (GPU time, forward) -------------------------------------------------------------------
+def graph_us(fn: Callable[[], Any], reps: int = 20) -> float:
+    """Median GPU microseconds of ``fn`` captured in a CUDA graph (launch overhead excluded)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for a in arg_sets:
-            fn(*a)
+        fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for a in arg_sets:
-            fn(*a)
-    graph.replay()
-    torch.cuda.synchronize()
+        fn()
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
         graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    del graph
-    return times[len(times) // 2] / len(arg_sets)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(times)
 
 
-def host_us(fn, calls: int = 200) -> float:
-    """Wall microseconds per call for back-to-back calls (host launch overhead included)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def copy_ceiling() -> dict:
-    out = {}
-    for nbytes in (256 * MiB, 1024 * MiB, 4096 * MiB):
-        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
-        dst = torch.empty_like(src)
-        ms = bench_ms(lambda dst=dst, src=src: dst.copy_(src))
-        out[f"{nbytes // MiB}MiB"] = 2 * nbytes / (ms / 1e3)
-        del src, dst
-    torch.cuda.empty_cache()
-    return out
-
-
-def cases(dtype: torch.dtype):
-    """(kernel, shape, make inputs, hal fn, torch eager fn, unfused fn or None, minimal bytes)."""
-    import hal.ops as H
-    e = torch.empty((), dtype=dtype).element_size()
-    rows_sizes = [(4, 1024), (4096, 4096), (32768, 4096)]
-    for m, n in rows_sizes:
-        def x_only(m=m, n=n):
-            return (torch.randn(m, n, device="cuda", dtype=dtype),)
-        yield ("softmax", (m, n), x_only, lambda x: H.softmax(x, -1), lambda x: torch.softmax(x, -1), None, 2 * m * n * e)
-        yield ("log_softmax", (m, n), x_only, lambda x: H.log_softmax(x, -1), lambda x: torch.log_softmax(x, -1), None,
-               2 * m * n * e)
-
-        def ln_in(m=m, n=n):
-            return (torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype),
-                    torch.randn(n, device="cuda", dtype=dtype))
-        yield ("layer_norm", (m, n), ln_in, lambda x, w, b: H.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
-               lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), None, 2 * m * n * e + 2 * n * e)
-
-        def rms_in(m=m, n=n):
-            return (torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype))
-        yield ("rms_norm", (m, n), rms_in, lambda x, w: H.rms_norm(x, (x.shape[-1],), w, 1e-6),
-               lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), None, 2 * m * n * e + n * e)
-
-        def add_in(m=m, n=n):
-            return (torch.randn(m, n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype),
-                    torch.randn(n, device="cuda", dtype=dtype))
-
-        def add_unfused(x, r, w):
-            h = x + r
-            return F.rms_norm(h, (h.shape[-1],), w, 1e-6), h
-        yield ("add_rms_norm", (m, n), add_in, lambda x, r, w: H.add_rms_norm(x, r, (x.shape[-1],), w, 1e-6),
-               add_unfused, add_unfused, 4 * m * n * e + n * e)
-
-        def silu_in(m=m, n=n):
-            return (torch.randn(m, 2 * n, device="cuda", dtype=dtype),)
-
-        def silu_unfused(x):
-            a, b = x.chunk(2, -1)
-            return F.silu(a) * b
-        yield ("silu_and_mul", (m, 2 * n), silu_in, lambda x: H.silu_and_mul(x), silu_unfused, silu_unfused,
-               3 * m * n * e)
-    for m, v in [(4, 32000), (1024, 32000), (4096, 128256)]:
-        def ce_in(m=m, v=v):
-            return (torch.randn(m, v, device="cuda", dtype=dtype), torch.randint(0, v, (m,), device="cuda"))
-        yield ("cross_entropy", (m, v), ce_in, lambda x, t: H.cross_entropy(x, t),
-               lambda x, t: F.cross_entropy(x, t),
-               lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), m * v * e + m * 8 + e)
-
-
-def run(dtypes: list[torch.dtype], ceiling: float) -> list[dict]:
-    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * MiB))
+def graphs(args: argparse.Namespace, device: torch.device) -> dict:
+    """``--graphs``: forward GPU time of hal vs torch in CUDA graphs, medium and large sizes."""
     rows = []
-    for dtype in dtypes:
-        for kernel, shape, make, hal_fn, torch_fn, unfused_fn, nbytes in cases(dtype):
-            copies = min(16, max(1, -(-3 * l2 // nbytes)))
-            sets = [make() for _ in range(copies)]
-            args = sets[0]
-            hal_fn(*args)  # compile + check it runs before timing
-            separate_unfused = unfused_fn is not None and unfused_fn is not torch_fn
-            timing = "cuda graph over rotating inputs"
-            try:
-                t_hal = graph_ms(hal_fn, sets)
-                t_torch = graph_ms(torch_fn, sets)
-                t_unf = graph_ms(unfused_fn, sets) if separate_unfused else None
-            except Exception as exc:  # recorded in the row; the do_bench figures still stand
-                timing = f"do_bench (graph capture failed: {type(exc).__name__}: {exc})"
-                torch.cuda.synchronize()
-                t_hal = bench_ms(lambda: hal_fn(*args))
-                t_torch = bench_ms(lambda: torch_fn(*args))
-                t_unf = bench_ms(lambda: unfused_fn(*args)) if separate_unfused else None
-            row = {"kernel": kernel, "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
-                   "input_mib": round(args[0].numel() * args[0].element_size() / MiB, 3), "bytes": nbytes,
-                   "copies_in_graph": copies, "timing": timing, "hal_us": t_hal * 1e3, "torch_us": t_torch * 1e3,
-                   "unfused_us": None if t_unf is None else t_unf * 1e3,
-                   "hal_tbps": nbytes / (t_hal / 1e3) / 1e12, "torch_tbps": nbytes / (t_torch / 1e3) / 1e12,
-                   "speedup_vs_torch": t_torch / t_hal,
-                   "speedup_vs_unfused": None if t_unf is None else t_unf / t_hal,
-                   "fused": unfused_fn is not None,
-                   "dobench_hal_us": bench_ms(lambda: hal_fn(*args)) * 1e3,
-                   "dobench_torch_us": bench_ms(lambda: torch_fn(*args)) * 1e3}
-            if unfused_fn is torch_fn:
-                row["speedup_vs_unfused"] = row["speedup_vs_torch"]
-                row["unfused_us"] = row["torch_us"]
-            row["pct_of_copy"] = 100 * row["hal_tbps"] * 1e12 / ceiling
-            if shape[0] <= 4:
-                row["hal_host_us"] = host_us(lambda: hal_fn(*args))
-                row["torch_host_us"] = host_us(lambda: torch_fn(*args))
-            rows.append(row)
-            print(f"{kernel:14s} {row['dtype']:9s} {str(shape):16s} hal {row['hal_us']:9.1f} us  torch "
-                  f"{row['torch_us']:9.1f} us  {row['hal_tbps']:5.2f} TB/s  x{row['speedup_vs_torch']:.2f}  "
-                  f"(do_bench {row['dobench_hal_us']:.1f} / {row['dobench_torch_us']:.1f} us)", flush=True)
-            sets = args = None  # free the inputs before the next case
-            torch.cuda.empty_cache()
-    return rows
+    for kernel in args.kernels:
+        for dtype in args.dtypes:
+            for size in [s for s in args.sizes if s != "small"]:
+                case = build_case(kernel, size, dtype, device)
+                a = case.make()
+                row = {"kernel": kernel, "dtype": str(dtype).replace("torch.", ""), "shape": list(case.shape),
+                       "size": size, "direction": "fwd", "timing": "cuda graph"}
+                for col, fn in (("hal", case.hal), ("torch", case.torch)):
+                    try:
+                        row[f"{col}_us"] = graph_us(runner(fn, a, case, "fwd"))
+                    except Exception as exc:
+                        row[f"{col}_us"] = None
+                        row.setdefault("errors", {})[col] = f"{type(exc).__name__}: {exc}"
+                rows.append(row)
+                print(row, flush=True)
+                a = case = None
+                torch.cuda.empty_cache()
+    doc = {"mode": "graphs", "environment": environment(device), "rows": rows}
+    _write(args.json, doc)
+    return doc
 
 
-def sweep_warps(dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """GPU time of the large cases with each num_warps forced, to check the launch heuristics."""
-    import hal.ops as H
-    from hal.backends.cuda.kernels import cross_entropy, norms, silu_and_mul, softmax
-    mods = (softmax, norms, cross_entropy)
-    saved = [m.num_warps_for for m in mods] + [silu_and_mul._warps]
-    x = torch.randn(32768, 4096, device="cuda", dtype=dtype)
-    w = torch.randn(4096, device="cuda", dtype=dtype)
-    xs = torch.randn(32768, 8192, device="cuda", dtype=dtype)
-    xc = torch.randn(4096, 128256, device="cuda", dtype=dtype)
-    tc = torch.randint(0, 128256, (4096,), device="cuda")
-    fns = {"softmax": (lambda: H.softmax(x, -1), 2 * x.numel()),
-           "rms_norm": (lambda: H.rms_norm(x, (4096,), w, 1e-6), 2 * x.numel()),
-           "layer_norm": (lambda: H.layer_norm(x, (4096,), w, w, 1e-5), 2 * x.numel()),
-           "silu_and_mul": (lambda: H.silu_and_mul(xs), 1.5 * xs.numel()),
-           "cross_entropy": (lambda: H.cross_entropy(xc, tc), xc.numel())}
-    out = []
-    try:
-        for warps in (4, 8, 16):
-            for m in mods:
-                m.num_warps_for = lambda block, w_=warps: w_
-            silu_and_mul._warps = lambda block, w_=warps: w_
-            for name, (fn, elems) in fns.items():
-                ms = graph_ms(lambda f=fn: f(), [()])
-                out.append({"kernel": name, "num_warps": warps, "us": ms * 1e3,
-                            "tbps": elems * x.element_size() / (ms / 1e3) / 1e12})
-                print(f"sweep {name:14s} warps {warps:2d}: {ms * 1e3:8.1f} us {out[-1]['tbps']:.2f} TB/s", flush=True)
-    finally:
-        for m, f in zip(mods, saved):
-            m.num_warps_for = f
-        silu_and_mul._warps = saved[-1]
-    return out
-
-
-def targets(rows: list[dict]) -> dict:
-    big = [r for r in rows if r["input_mib"] >= 64]
-    return {
-        "memory_bound_>=3.8TB/s_at_>=64MiB": {
-            "pass": all(r["hal_tbps"] * 1e12 >= TARGET_TBPS for r in big),
-            "misses": [(r["kernel"], r["dtype"], r["shape"], round(r["hal_tbps"], 3)) for r in big
-                       if r["hal_tbps"] * 1e12 < TARGET_TBPS]},
-        "never_slower_than_torch_gpu_time": {
-            "pass": all(r["speedup_vs_torch"] >= 1.0 for r in rows),
-            "misses": [(r["kernel"], r["dtype"], r["shape"], round(r["speedup_vs_torch"], 3)) for r in rows
-                       if r["speedup_vs_torch"] < 1.0]},
-        "fused_>=1.5x_vs_unfused_at_>=64MiB": {
-            "pass": all(r["speedup_vs_unfused"] >= FUSED_SPEEDUP for r in big if r["fused"]),
-            "misses": [(r["kernel"], r["dtype"], r["shape"], round(r["speedup_vs_unfused"], 3)) for r in big
-                       if r["fused"] and r["speedup_vs_unfused"] < FUSED_SPEEDUP]},
-    }
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--eager", dest="mode", action="store_const", const="eager", help="eager table (default)")
+    mode.add_argument("--graphs", dest="mode", action="store_const", const="graphs", help="CUDA-graph forward times")
+    mode.add_argument("--raw-triton", dest="mode", action="store_const", const="raw",
+                      help="Triton kernels vs torch over a size sweep -> routing table")
+    p.set_defaults(mode="eager")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a tiny dry run")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--kernels", default=",".join(KERNELS))
+    p.add_argument("--sizes", default=",".join(SIZES))
+    p.add_argument("--directions", default="fwd,bwd")
+    p.add_argument("--compile-budget-s", type=float, default=90.0,
+                   help="total seconds spent compiling; later cases get compile_us null")
+    p.add_argument("--no-compile", action="store_true")
+    args = p.parse_args(argv)
+    args.dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    args.kernels = args.kernels.split(",")
+    args.sizes = args.sizes.split(",")
+    args.directions = args.directions.split(",")
+    bad = [k for k in args.kernels if k not in KERNELS] + [s for s in args.sizes if s not in SIZES]
+    if bad:
+        p.error(f"unknown kernel/size {bad}")
+    return args
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", help="write the results here")
-    p.add_argument("--dtypes", default="bfloat16,float32")
-    p.add_argument("--sweep", action="store_true", help="also time the large bf16 cases at num_warps 4, 8, 16")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_kernels: no CUDA device", file=sys.stderr)
+    args = parse(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_kernels: no CUDA device (torch.cuda.is_available() is False); use --device cpu for a dry run",
+              file=sys.stderr)
         return 2
-    import hal
-    backend = hal.get_backend("cuda")
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    ceil = copy_ceiling()
-    ceiling = max(ceil.values())
-    print("copy ceiling (read+write):", {k: f"{v / 1e12:.2f} TB/s" for k, v in ceil.items()}, flush=True)
-    rows = run(dtypes, ceiling)
-    table = [[r["kernel"], r["dtype"], "x".join(map(str, r["shape"])), f"{r['input_mib']:.1f}",
-              f"{r['hal_us']:.1f}", f"{r['torch_us']:.1f}",
-              "" if r["unfused_us"] is None or not r["fused"] else f"{r['unfused_us']:.1f}",
-              f"{r['hal_tbps']:.2f}", f"{r['pct_of_copy']:.0f}%", f"{r['speedup_vs_torch']:.2f}",
-              "" if not r["fused"] else f"{r['speedup_vs_unfused']:.2f}",
-              "" if "hal_host_us" not in r else f"{r['hal_host_us']:.1f} / {r['torch_host_us']:.1f}",
-              f"{r['dobench_hal_us']:.1f} / {r['dobench_torch_us']:.1f}"]
-             for r in rows]
-    print(tabulate(table, headers=["kernel", "dtype", "shape", "MiB in", "hal us", "torch us", "unfused us",
-                                   "hal TB/s", "of copy", "x torch", "x unfused", "host us hal/torch",
-                                   "do_bench us hal/torch"]))
-    sweep = sweep_warps() if args.sweep else []
-    checks = targets(rows)
-    for name, c in checks.items():
-        print(f"{'PASS' if c['pass'] else 'MISS'} {name}" + (f"  misses: {c['misses']}" if c["misses"] else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"copy_ceiling_bytes_per_s": ceil, "ceiling_used": ceiling, "rows": rows, "targets": checks, "sweep": sweep,
-                       "backend": backend.describe(), "command": " ".join(sys.argv)}, f, indent=1, default=str)
+    device = torch.device(args.device)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    {"eager": eager, "graphs": graphs, "raw": raw_triton}[args.mode](args, device)
     return 0
 
 
