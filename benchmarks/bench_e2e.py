@@ -1,0 +1,194 @@
+"""End-to-end training of gpt2-small through hal.ops vs torch eager vs torch.compile, one GPU.
+
+Variants (each a fresh workload from the same seed, same batches): ``torch`` (the gpt workload with
+``ops="torch"``, eager), ``hal`` (``ops="hal"``: norms, GELU, LM head + loss through ``hal.ops``;
+the chunked linear_cross_entropy is registered for the device when the backend does not provide
+one), ``compile`` (``ops="torch"`` with ``torch.compile(model)``; the loss stays outside), and with
+``--hal-compile`` also ``hal+compile``. A step is forward + loss + backward + AdamW step +
+zero_grad; batches are made before timing. Step time: CUDA events around each step, no
+synchronisation between steps (so steady-state pipelining counts), median over ``--steps`` after
+``--warmup`` steps (host timers on the CPU). Loss curves: every step's loss (warm-up included),
+compared with torch's (max abs and max relative difference). Peak memory:
+``max_memory_allocated`` over the measured steps.
+
+Writes ``--json`` with ``{"speedup_vs_torch": torch_ms / hal_ms, "speedup_vs_compile":
+compile_ms / hal_ms, "steps", "warmup", "median_ms": {...}, "loss_curves": {...},
+"loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table.
+
+Usage:  python benchmarks/bench_e2e.py --json e2e.json [--config gpt2-small --dtype bfloat16 --steps 20]
+        python benchmarks/bench_e2e.py --device cpu --config tiny --dtype float32 --steps 3   (dry run)
+Exit status: 0 ok, 2 no CUDA device (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import torch
+
+
+def ensure_fused_head(device: torch.device, dtype: torch.dtype) -> str:
+    """Make ``hal.ops.linear_cross_entropy`` resolve to the chunked implementation on ``device``
+    unless the backend already registered a non-torch one; returns the resolved impl label."""
+    import hal.ops as H
+    from hal.backends.cuda.kernels import linear_cross_entropy as lce
+    res = H.resolve("linear_cross_entropy", device, dtype)
+    if res.impl is None or res.impl.impl == "torch":
+        H.REGISTRY.register("linear_cross_entropy", device.type, lce.linear_cross_entropy, impl="chunked",
+                            priority=10, supports=lce.supports)
+        res = H.resolve("linear_cross_entropy", device, dtype)
+    return res.impl.label if res.impl else "none"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """Train one variant for ``warmup + steps`` steps; its times, losses and peak memory."""
+    from hal.models import get_workload
+    hal_ops = variant.startswith("hal")
+    w = get_workload("gpt", args.config, **({"ops": "hal"} if hal_ops else {}))
+    w.build(device, args.dtype, args.seed)
+    if variant.endswith("compile"):
+        w.model = torch.compile(w.model)
+    n = args.warmup + args.steps
+    batches = [w.example_batch(args.batch_size, index=i) for i in range(n)]
+    losses, marks = [], []
+    cuda = device.type == "cuda"
+    t_first = time.perf_counter()
+    for i, batch in enumerate(batches):
+        if i == args.warmup:
+            _sync(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+        else:
+            t0 = time.perf_counter()
+        loss = w.backward(batch)
+        w.optimizer_step()
+        if cuda:
+            e1.record()
+            marks.append((e0, e1))
+        else:
+            marks.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if i == 0:
+            _sync(device)
+            first_s = time.perf_counter() - t_first
+    _sync(device)
+    times = [(m[0].elapsed_time(m[1]) if cuda else m * 1e3) for m in marks][args.warmup:]
+    out = {"median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
+           "losses": [float(x) for x in losses],
+           "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
+    del w, batches, losses
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
+    """(max abs diff, max relative diff) of two loss curves."""
+    diffs = [abs(a - b) for a, b in zip(curve, ref)]
+    rels = [d / max(abs(b), 1e-12) for d, b in zip(diffs, ref)]
+    return max(diffs), max(rels)
+
+
+def environment(device: torch.device) -> dict:
+    env: dict = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(device),
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                 "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                 "HAL_CUDA_ROUTING": os.environ.get("HAL_CUDA_ROUTING")}
+    try:
+        from importlib.metadata import version
+        env["triton"] = version("triton")
+    except Exception:
+        env["triton"] = None
+    try:
+        env["commit"] = os.environ.get("HAL_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        env["commit"] = None
+    return env
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict:
+    """All variants; the result document (see the module docstring)."""
+    variants = ["torch", "hal"] + ([] if args.no_compile else ["compile"]) + (["hal+compile"] if args.hal_compile else [])
+    head = ensure_fused_head(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    res: dict = {"config": args.config, "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps,
+                 "warmup": args.warmup, "variants": variants, "hal_linear_cross_entropy_impl": head,
+                 "timing": "CUDA events around each training step (fwd+loss+bwd+AdamW+zero_grad), no sync between "
+                           "steps, median after warm-up" if device.type == "cuda" else "host perf_counter per step",
+                 "median_ms": {}, "loss_curves": {}, "peak_mib": {}, "first_step_s": {}, "errors": {},
+                 "environment": environment(device), "command": " ".join(sys.argv)}
+    for v in variants:
+        try:
+            r = train(v, args, device)
+        except Exception as exc:  # one variant failing (compile, say) must not lose the others
+            res["errors"][v] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            print(f"{v}: {res['errors'][v]}", flush=True)
+            continue
+        res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
+        res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
+        print(f"{v:12s} median {r['median_ms']:.2f} ms/step  peak {r['peak_mib']} MiB  "
+              f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", flush=True)
+    ms = res["median_ms"]
+    res["speedup_vs_torch"] = ms["torch"] / ms["hal"] if "torch" in ms and "hal" in ms else None
+    res["speedup_vs_compile"] = ms["compile"] / ms["hal"] if "compile" in ms and "hal" in ms else None
+    ref = res["loss_curves"].get("torch")
+    res["loss_max_abs_diff"], rel = {}, {}
+    for v, curve in res["loss_curves"].items():
+        if ref is not None and v != "torch":
+            res["loss_max_abs_diff"][v], rel[v] = compare(curve, ref)
+    res["loss_max_rel_diff_by_variant"] = rel
+    res["loss_max_rel_diff"] = rel.get("hal")
+    return res
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--config", default="gpt2-small")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--hal-compile", action="store_true", help="also torch.compile the hal model")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_e2e: no CUDA device (torch.cuda.is_available() is False); use --device cpu for a dry run",
+              file=sys.stderr)
+        return 2
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    res = run(args, device)
+    from tabulate import tabulate
+    print(tabulate([[v, f"{res['median_ms'][v]:.2f}", res["peak_mib"].get(v),
+                     f"{res['loss_curves'][v][-1]:.4f}", res["loss_max_abs_diff"].get(v, "")]
+                    for v in res["median_ms"]],
+                   headers=["variant", "median ms/step", "peak MiB", "final loss", "max |dloss| vs torch"]))
+    print(f"speedup_vs_torch {res['speedup_vs_torch']}  speedup_vs_compile {res['speedup_vs_compile']}  "
+          f"loss_max_rel_diff {res['loss_max_rel_diff']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
