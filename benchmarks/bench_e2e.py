@@ -145,6 +145,16 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
         print(f"{v:12s} median {r['median_ms']:.2f} ms/step  peak {r['peak_mib']} MiB  "
               f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", flush=True)
+        summarise(res)
+        res["complete"] = v == variants[-1]
+        if args.json:  # rewritten after every variant, so a time limit keeps what finished
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+    return summarise(res)
+
+
+def summarise(res: dict) -> dict:
+    """Fill the speedups and loss-curve differences from what has run so far; returns ``res``."""
     ms = res["median_ms"]
     res["speedup_vs_torch"] = ms["torch"] / ms["hal"] if "torch" in ms and "hal" in ms else None
     res["speedup_vs_compile"] = ms["compile"] / ms["hal"] if "compile" in ms and "hal" in ms else None
@@ -177,6 +187,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     res = run(args, device)
+    res["complete"] = True
     from tabulate import tabulate
     print(tabulate([[v, f"{res['median_ms'][v]:.2f}", res["peak_mib"].get(v),
                      f"{res['loss_curves'][v][-1]:.4f}", res["loss_max_abs_diff"].get(v, "")]

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 23 on one H200, in one command (< 5 minutes): GPU correctness tests of the Triton kernels and
+# the fused linear + cross-entropy, the raw Triton-vs-torch sweep -> routing table, the eager kernel
+# benchmark (hal / torch / Liger / torch.compile, fwd + bwd) routed by that table, and gpt2-small bf16
+# training through hal.ops vs torch eager vs torch.compile.
+#
+# Usage, from the project root:  OUT=/some/dir bash benchmarks/h200_kernels.sh
+# Writes directly in $OUT: h200_kernels.log, env.json, gpus.csv, routing.json, bench_kernels.json,
+# e2e_gpt2small.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore, ...) are installed
+# first when present. Each step has its own time limit; a failing step does not stop the rest; the
+# exit status is the number of failed steps.
+set -u
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+exec > >(tee -a "$OUT/h200_kernels.log") 2>&1
+failed=0
+step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
+run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }
+
+step install
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 99; }
+$PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$OUT/env.json"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$OUT/gpus.csv" 2>&1
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+$PY -c "import liger_kernel.transformers.functional; print('liger ok')" || echo "liger_kernel not importable: liger_us will be null"
+
+step "GPU tests"
+TESTS=""
+for f in tests/test_triton_kernels.py tests/test_triton_interpret.py tests/test_linear_cross_entropy.py tests/test_cuda_backend.py; do
+  [ -f "$f" ] && TESTS="$TESTS $f"
+done
+run 50 $PY -m pytest -q -rs -x -p no:cacheprovider $TESTS
+
+step "raw Triton sweep -> routing table"
+run 40 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json"
+
+step "eager kernel benchmark (routing: $OUT/routing.json)"
+run 95 env HAL_CUDA_ROUTING="$OUT/routing.json" $PY benchmarks/bench_kernels.py --eager --compile-budget-s 25 \
+    --json "$OUT/bench_kernels.json"
+
+step "gpt2-small bf16 training: hal vs torch vs torch.compile"
+run 75 env HAL_CUDA_ROUTING="$OUT/routing.json" $PY benchmarks/bench_e2e.py --config gpt2-small --dtype bfloat16 \
+    --steps 12 --warmup 3 --json "$OUT/e2e_gpt2small.json"
+
+step done
+ls -la "$OUT"
+echo "failed steps: $failed"
+exit $failed
