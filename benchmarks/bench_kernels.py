@@ -164,9 +164,15 @@ class Case:
     bytes_fwd: int
     bytes_bwd: int
     grads_in_forward: bool = False
+    #: the inputs Liger's op takes, made from ``make()``'s outside the timing (None: the same), and their diff
+    liger_args: Optional[Callable[[tuple], tuple]] = None
+    liger_diff: Optional[tuple] = None
 
 
-def _liger():
+def _liger(device: torch.device):
+    """``liger_kernel.transformers.functional`` on CUDA when importable, else None."""
+    if device.type != "cuda":
+        return None
     try:
         import liger_kernel.transformers.functional as LF
         return LF
@@ -177,7 +183,7 @@ def _liger():
 def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device) -> Case:
     """The :class:`Case` of ``kernel`` at ``size`` (see ``SHAPES``) in ``dtype`` on ``device``."""
     import hal.ops as H
-    LF = _liger() if device.type == "cuda" else None
+    LF = _liger(device)
     e = torch.empty((), dtype=dtype).element_size()
     table = SHAPES["cuda" if device.type == "cuda" else "cpu"]
     shape = table.get(kernel, table["rows"])[size]
@@ -221,13 +227,11 @@ def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device)
             a, b = x.chunk(2, -1)
             return F.silu(a) * b
 
-        liger = None
-        if LF is not None:
-            def liger(x):  # Liger's swiglu takes the halves as separate tensors: the split is timed too
-                a, b = x.chunk(2, -1)
-                return LF.liger_swiglu(a.contiguous(), b.contiguous())
-        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: H.silu_and_mul(x), unfused, liger,
-                    3 * m * n // 2 * e, 5 * m * n // 2 * e)
+        # Liger's swiglu takes the halves as two contiguous tensors (its kernel has one row stride):
+        # they are split and copied outside the timing
+        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: H.silu_and_mul(x), unfused,
+                    (lambda a, b: LF.liger_swiglu(a, b)) if LF else None, 3 * m * n // 2 * e, 5 * m * n // 2 * e,
+                    liger_args=lambda args: tuple(t.contiguous() for t in args[0].chunk(2, -1)), liger_diff=(0, 1))
     if kernel == "cross_entropy":
         m, v = shape
         return Case(kernel, shape, lambda: (rnd(m, v), torch.randint(0, v, (m,), device=device)), (0,),
@@ -264,15 +268,17 @@ def _outs(out: Any) -> list:
     return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
 
 
-def runner(fn: Callable, args: tuple, case: Case, direction: str) -> Callable[[], Any]:
-    """A no-argument callable doing one timed unit of ``fn`` on ``args`` in ``direction``."""
+def runner(fn: Callable, args: tuple, case: Case, direction: str, diff: Optional[tuple] = None) -> Callable[[], Any]:
+    """A no-argument callable doing one timed unit of ``fn`` on ``args`` in ``direction``
+    (gradients for the inputs ``diff``, default ``case.diff``)."""
+    diff = case.diff if diff is None else diff
     if direction == "fwd":
         def fwd():
             with torch.no_grad():
                 return fn(*args)
         return fwd
-    leaves = tuple(a.detach().requires_grad_() if i in case.diff else a for i, a in enumerate(args))
-    inputs = [leaves[i] for i in case.diff]
+    leaves = tuple(a.detach().requires_grad_() if i in diff else a for i, a in enumerate(args))
+    inputs = [leaves[i] for i in diff]
     if case.grads_in_forward:
         return lambda: torch.autograd.grad(fn(*leaves), inputs)
     outs = [o for o in _outs(fn(*leaves)) if o.requires_grad]
@@ -337,6 +343,8 @@ def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: 
                     unit()
                     timer.sync()
                     compiler.spent_s += time.perf_counter() - t0
+                elif col == "liger" and case.liger_args is not None:
+                    unit = runner(fn, case.liger_args(args), case, direction, case.liger_diff)
                 else:
                     unit = runner(fn, args, case, direction)
                 row[f"{col}_us"] = measure(unit)
