@@ -13,9 +13,11 @@ Modes (one per run):
   ``--compile-budget-s`` of compile time). Nothing runs in a CUDA graph.
   ``fwd`` times the forward under ``no_grad``. ``bwd`` times backward only: the forward runs once
   with ``requires_grad`` and ``torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True)``
-  is timed repeatedly -- except for linear_cross_entropy, whose fused implementations compute the
-  gradients inside the forward: its ``bwd`` rows time forward + backward for every column (row
-  field ``measures``), and carry the peak memory of one training step per column (``peak_mib``).
+  is timed repeatedly -- except for cross_entropy and linear_cross_entropy, whose fused
+  implementations (Liger's, HAL's chunked one) compute the gradients inside the forward: their
+  ``bwd`` rows time forward + backward for every column (row field ``measures``) and carry the peak
+  memory of one training step per column (``peak_mib``; at gpt2's LM-head size for the large
+  linear_cross_entropy rows, summarised under ``linear_cross_entropy_memory``).
   Timing ``wall`` (small sizes, host-bound): CUDA events around N back-to-back calls divided by N,
   so the host time of each call is included. Timing ``device`` (medium, large): per call, the L2 is
   flushed and the GPU is held busy by ``torch.cuda._sleep`` while the host enqueues event, call,
@@ -237,7 +239,7 @@ def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device)
         return Case(kernel, shape, lambda: (rnd(m, v), torch.randint(0, v, (m,), device=device)), (0,),
                     lambda x, t: H.cross_entropy(x, t), lambda x, t: F.cross_entropy(x, t),
                     (lambda x, t: LF.liger_cross_entropy(x, t)) if LF else None, m * v * e + 8 * m,
-                    2 * m * v * e + 8 * m)
+                    2 * m * v * e + 8 * m, grads_in_forward=True)
     if kernel == "linear_cross_entropy":
         m, h, v = shape
         ensure_linear_cross_entropy(device, dtype)
@@ -356,8 +358,9 @@ def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: 
                 unit = None
         nbytes = case.bytes_fwd if direction == "fwd" else case.bytes_bwd
         if row["measures"] == "fwd+bwd":
-            nbytes = None  # matmul-bound: bandwidth is not the figure of merit
             row["peak_mib"] = peaks
+            if case.kernel == "linear_cross_entropy":
+                nbytes = None  # matmul-bound: bandwidth is not the figure of merit
         row["min_bytes"] = nbytes
         row["tbps"] = nbytes / (row["hal_us"] * 1e-6) / 1e12 if nbytes and row["hal_us"] else None
         row["pct_of_copy"] = 100 * row["tbps"] * 1e12 / ceiling if row["tbps"] and ceiling else None
@@ -423,7 +426,7 @@ def targets(rows: list[dict]) -> dict:
 TIMING = ("wall (small sizes): CUDA events around N back-to-back calls / N, host time included; device (medium, "
           "large): L2 flushed, GPU held busy by torch.cuda._sleep while event-call-event are enqueued, so the events "
           "bracket GPU time only; median of repeats; no CUDA graph. bwd: autograd.grad(outs, inputs, grad_outs, "
-          "retain_graph=True) after one forward (linear_cross_entropy: forward + backward, field measures)")
+          "retain_graph=True) after one forward (cross_entropy, linear_cross_entropy: forward + backward, field measures)")
 
 
 def _write(path: Optional[str], doc: dict) -> None:
@@ -457,6 +460,9 @@ def eager(args: argparse.Namespace, device: torch.device) -> dict:
         doc["compile_seconds"] = compiler.spent_s
         _write(args.json, doc)
     doc["targets"] = targets(doc["rows"])
+    doc["linear_cross_entropy_memory"] = {
+        f"{r['dtype']} {'x'.join(map(str, r['shape']))}": {**r["peak_mib"], "unit": "MiB, one fwd+bwd, over the inputs"}
+        for r in doc["rows"] if r["kernel"] == "linear_cross_entropy" and r["size"] == "large" and "peak_mib" in r}
     doc["complete"] = True
     _write(args.json, doc)
     print(tabulate([[r["kernel"], r["dtype"], "x".join(map(str, r["shape"])), r["direction"], r["timing"],
