@@ -159,3 +159,58 @@ def test_backend_dtype_restrictions_drive_fallback():
     assert not reg.resolve("softmax", "mlu", "float64").ok
     assert not reg.resolve("rms_norm", "mlu", "float32").ok
     assert reg.resolve("gelu", "mlu", "float64").ok
+
+
+# ---- the kernel benchmarks' CPU dry runs and the routing-table rule (benchmarks/bench_kernels.py) ----
+def _bench_module():
+    import importlib.util
+    import pathlib
+    import sys
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_routing_min_numel_rule():
+    mn = _bench_module().min_numel
+    assert mn([(10, 1.0, 2.0), (100, 1.0, 2.0)]) == 0  # triton wins everywhere
+    assert mn([(10, 3.0, 2.0), (100, 1.0, 2.0), (1000, 2.0, 2.0)]) == 100  # ties count as wins
+    assert mn([(10, 1.0, 2.0), (100, 3.0, 2.0), (1000, 1.0, 2.0)]) == 1000  # a loss in between
+    assert mn([(10, 1.0, 2.0), (1000, 3.0, 2.0)]) is None  # loses at the largest: never
+    assert mn([(1000, 1.0, 2.0), (10, 3.0, 2.0)]) == 1000  # unsorted input
+    assert mn([(10, 1.0, 2.0), (100, None, 2.0)]) is None  # a failed measurement is not a win
+
+
+def test_bench_kernels_and_e2e_cpu_dry_runs(tmp_path):
+    import json
+    import subprocess
+    import sys
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = tmp_path / "k.json"
+    r = subprocess.run([sys.executable, "benchmarks/bench_kernels.py", "--device", "cpu", "--sizes", "small",
+                        "--kernels", "rms_norm,cross_entropy,linear_cross_entropy", "--json", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and len(doc["rows"]) == 3 * 2 * 2
+    keys = {"kernel", "dtype", "shape", "direction", "timing", "hal_us", "torch_us", "liger_us", "compile_us"}
+    for row in doc["rows"]:
+        assert keys <= row.keys() and row["timing"] == "wall" and row["hal_us"] > 0 and row["torch_us"] > 0
+        assert not row["errors"], row
+    lce = [r for r in doc["rows"] if r["kernel"] == "linear_cross_entropy"]
+    assert {r["hal_impl"] for r in lce} == {"cpu/chunked"} and lce[1]["measures"] == "fwd+bwd"
+    e2e = tmp_path / "e.json"
+    r = subprocess.run([sys.executable, "benchmarks/bench_e2e.py", "--device", "cpu", "--config", "tiny", "--dtype",
+                        "float32", "--steps", "2", "--warmup", "1", "--no-compile", "--json", str(e2e)],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(e2e.read_text())
+    assert res["complete"] and res["speedup_vs_torch"] > 0 and res["loss_max_rel_diff"] < 1e-4
+    assert len(res["loss_curves"]["hal"]) == 3 and res["hal_linear_cross_entropy_impl"] == "cpu/chunked"
+    for script in ("bench_kernels.py", "bench_e2e.py"):
+        h = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=root, capture_output=True,
+                           text=True, timeout=120)
+        assert h.returncode == 0 and "--device" in h.stdout
