@@ -35,19 +35,6 @@ from typing import Optional
 import torch
 
 
-def ensure_fused_head(device: torch.device, dtype: torch.dtype) -> str:
-    """Make ``hal.ops.linear_cross_entropy`` resolve to the chunked implementation on ``device``
-    unless the backend already registered a non-torch one; returns the resolved impl label."""
-    import hal.ops as H
-    from hal.backends.cuda.kernels import linear_cross_entropy as lce
-    res = H.resolve("linear_cross_entropy", device, dtype)
-    if res.impl is None or res.impl.impl == "torch":
-        H.REGISTRY.register("linear_cross_entropy", device.type, lce.linear_cross_entropy, impl="chunked",
-                            priority=10, supports=lce.supports)
-        res = H.resolve("linear_cross_entropy", device, dtype)
-    return res.impl.label if res.impl else "none"
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -129,7 +116,8 @@ def environment(device: torch.device) -> dict:
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     """All variants; the result document (see the module docstring)."""
     variants = ["torch", "hal"] + ([] if args.no_compile else ["compile"]) + (["hal+compile"] if args.hal_compile else [])
-    head = ensure_fused_head(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    from bench_kernels import ensure_linear_cross_entropy  # this folder is sys.path[0] when run as a script
+    head = ensure_linear_cross_entropy(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     res: dict = {"config": args.config, "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps,
                  "warmup": args.warmup, "variants": variants, "hal_linear_cross_entropy_impl": head,
                  "timing": "CUDA events around each training step (fwd+loss+bwd+AdamW+zero_grad), no sync between "

@@ -24,10 +24,11 @@ Modes (one per run):
   event, so the events bracket GPU time only; median of the repeats. ``tbps`` counts the fewest
   bytes the op must move; ``copy_ceiling_tbps`` is a device-to-device copy measured in the run.
 - ``--graphs``: the previous CUDA-graph measurement of the forward (HAL vs torch GPU time only).
-- ``--raw-triton``: the Triton kernels called directly (``hal.backends.cuda.kernels.load``, no
-  routing) against torch over a row sweep, per op, dtype and mode (``infer`` = forward,
+- ``--raw-triton``: the Triton kernels called directly (``hal.backends.cuda.kernels.load``, routing
+  forced to the kernel) against torch over a row sweep, per op, dtype and mode (``infer`` = forward,
   ``train`` = forward + backward), wall timing as above; writes the routing table
-  ``{op: {dtype: {"infer": min_numel, "train": min_numel}}, "measured": ...}``: the smallest
+  ``{"measured", "default", "ops": {op: {dtype: {"infer": min_numel, "train": min_numel}}}}`` (the
+  format :mod:`hal.backends.cuda.kernels.routing` reads from ``HAL_CUDA_ROUTING``): the smallest
   measured numel from which Triton is at least as fast as torch at every larger measured size
   (0: at every size; null: at no size, route to torch), with the raw timings under ``"sweep"``.
 
@@ -254,8 +255,8 @@ def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device)
 
 
 def ensure_linear_cross_entropy(device: torch.device, dtype: torch.dtype) -> str:
-    """Register the chunked linear_cross_entropy for ``device`` unless a non-torch one already
-    resolves (the backend's kernel table may not list it yet); returns the impl that resolves."""
+    """Register the chunked linear_cross_entropy for ``device`` unless a non-torch one already resolves
+    (the CUDA backend registers it; a CPU dry run needs this); returns the label of what resolves."""
     import hal.ops as H
     from hal.backends.cuda.kernels import linear_cross_entropy as lce
     res = H.resolve("linear_cross_entropy", device, dtype)
@@ -530,58 +531,60 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
     """The ``--raw-triton`` sweep and routing table (see the module docstring)."""
     from tabulate import tabulate
 
-    from hal.backends.cuda.kernels import load
+    from hal.backends.cuda.kernels import load, routing
     timer = Timer(device, repeats=5, target_ms=2.0)
     key = "cuda" if device.type == "cuda" else "cpu"
     table: dict = {}
     sweep: list[dict] = []
+    # routing.py's table format; ops the sweep does not cover keep the shipped table's default
     doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
-                       "triton kernel called directly vs torch eager", "sweep": sweep}
-    for op in [o for o in args.kernels if o in SWEEP_OPS]:
-        try:
-            kern, _pred = load(op)
-        except Exception as exc:
-            doc.setdefault("errors", {})[op] = f"{type(exc).__name__}: {exc}"
-            continue
-        width = SWEEP_WIDTH[key].get(op, SWEEP_WIDTH[key][None])
-        for dtype in args.dtypes:
-            dn = str(dtype).replace("torch.", "")
-            for mode in ("infer", "train"):
-                points = []
-                for rows in SWEEP_ROWS[key]:
-                    rec = {"op": op, "dtype": dn, "mode": mode, "rows": rows, "width": width, "numel": rows * width}
-                    try:
-                        inputs, diff, call, tfn = _sweep_args(op, rows, width, dtype, device)
-                        case = Case(op, (rows, width), lambda: inputs, diff, None, None, None, 0, 0)
+                       "triton kernel (routing forced to it) vs torch eager",
+           "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
+    with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
+        for op in [o for o in args.kernels if o in SWEEP_OPS]:
+            try:
+                kern, _pred = load(op)
+            except Exception as exc:
+                doc.setdefault("errors", {})[op] = f"{type(exc).__name__}: {exc}"
+                continue
+            width = SWEEP_WIDTH[key].get(op, SWEEP_WIDTH[key][None])
+            for dtype in args.dtypes:
+                dn = str(dtype).replace("torch.", "")
+                for mode in ("infer", "train"):
+                    points = []
+                    for rows in SWEEP_ROWS[key]:
+                        rec = {"op": op, "dtype": dn, "mode": mode, "rows": rows, "width": width, "numel": rows * width}
+                        try:
+                            inputs, diff, call, tfn = _sweep_args(op, rows, width, dtype, device)
+                            case = Case(op, (rows, width), lambda: inputs, diff, None, None, None, 0, 0)
 
-                        def tri(*a, _k=kern, _c=call):
-                            return _c(_k, *a)
-                        for col, fn in (("triton_us", tri), ("torch_us", tfn)):
-                            if mode == "infer":
-                                unit = runner(fn, inputs, case, "fwd")
-                            else:
-                                leaves = tuple(a.detach().requires_grad_() if i in diff else a
-                                               for i, a in enumerate(inputs))
+                            def tri(*a, _k=kern, _c=call):
+                                return _c(_k, *a)
+                            for col, fn in (("triton_us", tri), ("torch_us", tfn)):
+                                if mode == "infer":
+                                    unit = runner(fn, inputs, case, "fwd")
+                                else:
+                                    leaves = tuple(a.detach().requires_grad_() if i in diff else a
+                                                   for i, a in enumerate(inputs))
 
-                                def unit(_fn=fn, _l=leaves):
-                                    outs = [o for o in _outs(_fn(*_l)) if o.requires_grad]
-                                    return torch.autograd.grad(outs, [_l[i] for i in diff],
-                                                               [torch.ones_like(o) for o in outs])
-                            rec[col] = timer.wall(unit)
-                    except Exception as exc:
-                        rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    sweep.append(rec)
-                    points.append((rec["numel"], rec.get("triton_us"), rec.get("torch_us")))
-                    print(f"raw {op:14s} {dn:8s} {mode:5s} rows {rows:6d} triton {_f(rec.get('triton_us'))} "
-                          f"torch {_f(rec.get('torch_us'))} us" + (f" {rec['error']}" if "error" in rec else ""),
-                          flush=True)
-                table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(points)
-        _write(args.json, {**table, **doc})
-    out = {**table, **doc}
-    _write(args.json, out)
+                                    def unit(_fn=fn, _l=leaves):
+                                        outs = [o for o in _outs(_fn(*_l)) if o.requires_grad]
+                                        return torch.autograd.grad(outs, [_l[i] for i in diff],
+                                                                   [torch.ones_like(o) for o in outs])
+                                rec[col] = timer.wall(unit)
+                        except Exception as exc:
+                            rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                        sweep.append(rec)
+                        points.append((rec["numel"], rec.get("triton_us"), rec.get("torch_us")))
+                        print(f"raw {op:14s} {dn:8s} {mode:5s} rows {rows:6d} triton {_f(rec.get('triton_us'))} "
+                              f"torch {_f(rec.get('torch_us'))} us" + (f" {rec['error']}" if "error" in rec else ""),
+                              flush=True)
+                    table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(points)
+            _write(args.json, doc)
+    _write(args.json, doc)
     print(tabulate([[op, dn, m["infer"], m["train"]] for op, d in table.items() for dn, m in d.items()],
                    headers=["op", "dtype", "infer min numel", "train min numel"]))
-    return out
+    return doc
 
 
 # ---- CUDA-graph mode (GPU time, forward) -------------------------------------------------------------------

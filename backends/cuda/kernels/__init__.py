@@ -33,7 +33,10 @@ KERNELS = {
     "add_rms_norm": ("norms", "add_rms_norm", "supports_add_rms_norm"),
     "silu_and_mul": ("silu_and_mul", "silu_and_mul", "supports_silu_and_mul"),
     "cross_entropy": ("cross_entropy", "cross_entropy", "supports_cross_entropy"),
+    "linear_cross_entropy": ("linear_cross_entropy", "linear_cross_entropy", "supports_linear_cross_entropy"),
 }
+#: ops whose CUDA implementation is not a Triton kernel, and the engine :func:`hal.ops.resolve` names
+IMPL = {"linear_cross_entropy": "chunked"}
 PRIORITY = 10
 
 
@@ -145,6 +148,12 @@ def supports_cross_entropy(input: Any, target: Any = None, weight: Any = None, i
     return None
 
 
+def supports_linear_cross_entropy(input: Any, weight: Any = None, target: Any = None, bias: Any = None,
+                                  ignore_index: int = -100, reduction: str = "mean", **kw: Any) -> Optional[str]:
+    from hal.backends.cuda.kernels.linear_cross_entropy import supports
+    return _tensor_reason(input) or supports(input, weight, target, bias, ignore_index, reduction, **kw)
+
+
 def load(op: str):
     """``(kernel function, predicate)`` for HAL op ``op`` (imports Triton)."""
     import importlib
@@ -161,6 +170,7 @@ def register(registry: Any) -> list[str]:
     done = []
     for op in KERNELS:
         fn, pred = load(op)
-        registry.register(op, "cuda", fn, impl="triton", dtypes=KERNEL_DTYPES, priority=PRIORITY, supports=pred)
+        registry.register(op, "cuda", fn, impl=IMPL.get(op, "triton"), dtypes=KERNEL_DTYPES, priority=PRIORITY,
+                          supports=pred)
         done.append(op)
     return done
