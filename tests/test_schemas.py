@@ -61,7 +61,20 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/*hal_collectives.json": _req("device", "world_size", "passed", "rows", passed={"type": "boolean"},
                                                rows={"type": "array", "items": _req("collective", "dtype", "op",
                                                                                     "status", "max_error")}),
-    "reports/cuda/*bench_kernels.json": _req("backend", "command", "rows", "targets", rows={"type": "array"}),
+    "reports/cuda/env-*.json": ENV_FINGERPRINT,
+    "reports/cuda/run1-*/bench_kernels.json": _req("backend", "command", "rows", "targets", rows={"type": "array"}),
+    "reports/cuda/bench_kernels_graphs.json": _req("backend", "command", "rows", "targets", rows={"type": "array"}),
+    # issue 23's eager rows (benchmarks/bench_kernels.py): every field the acceptance names, on every row
+    "reports/cuda/bench_kernels.json": _req("mode", "environment", "command", "rows", "targets", rows={
+        "type": "array", "minItems": 1, "items": _req(
+            "kernel", "dtype", "shape", "direction", "timing", "hal_us", "torch_us", "liger_us", "compile_us",
+            direction={"enum": ["fwd", "bwd"]}, timing={"enum": ["device", "wall"]})}),
+    "reports/cuda/e2e_gpt2small.json": _req("speedup_vs_torch", "speedup_vs_compile", "median_ms", "loss_curves",
+                                            "loss_max_rel_diff", "environment"),
+    "reports/cuda/routing.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
+    "reports/cuda/kern_timing.json": _req("routing", "rows", rows={"type": "array"}),
+    "reports/h200/*/env.json": ENV_FINGERPRINT,
+    "reports/h200/program-sections/bench_program_sections_*.json": _req("script", "device", "summary", "repeats"),
     "reports/cuda/*bench_collectives.json": _req("command", "rows", "world_size", "versions", rows={"type": "array"}),
     "reports/collectives/soak-*.json": _req("command", "torch", "runs", "summary", runs={"type": "array"}),
     "reports/startup/bench_startup-*.json": _req("label", "environment", "results", "failures"),
