@@ -539,7 +539,7 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
     # routing.py's table format; ops the sweep does not cover keep the shipped table's default
     doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
                        "triton kernel (routing forced to it) vs torch eager",
-           "default": json.loads(routing.DEFAULT_PATH.read_text())["default"], "ops": table, "sweep": sweep}
+           "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
     with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
         for op in [o for o in args.kernels if o in SWEEP_OPS]:
             try:

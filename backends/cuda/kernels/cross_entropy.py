@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_cross_entropy
-from hal.backends.cuda.kernels.launch import launch
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.backends.cuda.kernels.softmax import _online_max_sum
 
@@ -115,16 +114,15 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     chunk = _chunk(x2)
     if v <= _SINGLE or rows >= LOOP_ROWS_PER_SM * sm_count(logits.device):
         block = next_power_of_2(v) if v <= _SINGLE else chunk
-        launch(_ce_fwd, (rows,), x2, t, loss, lse, x2.stride(0), v, int(ignore_index), BLOCK=block,
-               num_warps=num_warps_for(block))
+        _ce_fwd[(rows,)](x2, t, loss, lse, x2.stride(0), v, int(ignore_index), BLOCK=block,
+                         num_warps=num_warps_for(block))
     else:
         nch = triton.cdiv(v, chunk)
         pm = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
         ps = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
-        launch(_ce_partial, (rows, nch), x2, pm, ps, x2.stride(0), v, nch, BLOCK=chunk,
-               num_warps=num_warps_for(chunk))
-        launch(_ce_combine, (rows,), x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, int(ignore_index),
-               CB=max(16, next_power_of_2(nch)), num_warps=1)
+        _ce_partial[(rows, nch)](x2, pm, ps, x2.stride(0), v, nch, BLOCK=chunk, num_warps=num_warps_for(chunk))
+        _ce_combine[(rows,)](x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, int(ignore_index),
+                             CB=max(16, next_power_of_2(nch)), num_warps=1)
     return x2, t, loss, lse
 
 
@@ -133,8 +131,8 @@ def ce_backward(x2, t, lse, per_row):
     dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device)
     block = min(next_power_of_2(v), _chunk(x2))
     if rows:
-        launch(_ce_bwd, (rows, triton.cdiv(v, block)), x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v,
-               BLOCK=block, num_warps=num_warps_for(block))
+        _ce_bwd[(rows, triton.cdiv(v, block))](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,
+                                               num_warps=num_warps_for(block))
     return dx
 
 

@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_add_rms_norm, supports_layer_norm, supports_rms_norm
-from hal.backends.cuda.kernels.launch import launch
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.ops import torch_impl
 
@@ -295,12 +294,12 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
     block, warps = _fwd(n)
     w, b = _flat(weight), _flat(bias)
     if rows:
-        launch(_norm_fwd, (rows,), x2, x2 if r2 is None else r2, y, y if h is None else h, x2 if w is None else w,
-               x2 if b is None else b, rstd if mean is None else mean, rstd,
-               x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
-               0 if h is None else h.stride(0), n, float(eps), BLOCK=block, IS_RMS=is_rms,
-               HAS_RES=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
-               num_warps=warps)
+        _norm_fwd[(rows,)](x2, x2 if r2 is None else r2, y, y if h is None else h, x2 if w is None else w,
+                           x2 if b is None else b, rstd if mean is None else mean, rstd,
+                           x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
+                           0 if h is None else h.stride(0), n, float(eps), BLOCK=block, IS_RMS=is_rms,
+                           HAS_RES=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
+                           num_warps=warps)
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), mean, rstd
 
 
@@ -323,23 +322,22 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
         dw_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_w else None
         db_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_bias else None
         if rows:
-            launch(_norm_bwd, (progs,), dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
-                   rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-                   dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0),
-                   rows, n, per, BLOCK=block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
-                   HAS_DH=dh2 is not None, num_warps=warps)
+            _norm_bwd[(progs,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
+                                rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+                                dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0),
+                                rows, n, per, BLOCK=block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+                                HAS_DH=dh2 is not None, num_warps=warps)
     else:
-        launch(_norm_bwd_dx, (rows,), dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
-               dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0), n,
-               TILE=block, SINGLE=single, IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh2 is not None,
-               num_warps=warps)
+        _norm_bwd_dx[(rows,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
+                              dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0), n,
+                              TILE=block, SINGLE=single, IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh2 is not None,
+                              num_warps=warps)
         dw_part = db_part = None
         if has_w or has_bias:
             groups, per = dw_groups(rows, n, sm_count(dev))
             dw_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_w else None
             db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_bias else None
-            launch(
-                _norm_bwd_dwdb, (-(-n // DW_BLOCK_N), groups),
+            _norm_bwd_dwdb[(-(-n // DW_BLOCK_N), groups)](
                 dy2, x2, mean_, rstd, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
                 dy2.stride(0), x2.stride(0), rows, n, per, BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N,
                 IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, num_warps=8)

@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_silu_and_mul
-from hal.backends.cuda.kernels.launch import launch
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, self_checking
 from hal.ops import torch_impl
 
@@ -61,8 +60,8 @@ def silu_and_mul_forward(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     block = _block(d)
     if rows and d:
-        launch(_silu_mul_fwd, (rows, triton.cdiv(d, block)), x2, y, x2.stride(0), y.stride(0), d, BLOCK=block,
-               num_warps=_warps(block))
+        _silu_mul_fwd[(rows, triton.cdiv(d, block))](x2, y, x2.stride(0), y.stride(0), d, BLOCK=block,
+                                                     num_warps=_warps(block))
     return y.view(*x.shape[:-1], d)
 
 
@@ -73,9 +72,8 @@ def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dx = torch.empty((rows, two_d), dtype=x.dtype, device=x.device)
     block = _block(d)
     if rows and d:
-        launch(_silu_mul_bwd, (rows, triton.cdiv(d, block)), dy2, x2, dx, dy2.stride(0), x2.stride(0),
-               dx.stride(0), d,
-               BLOCK=block, num_warps=_warps(block))
+        _silu_mul_bwd[(rows, triton.cdiv(d, block))](dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d,
+                                                     BLOCK=block, num_warps=_warps(block))
     return dx.view(x.shape)
 
 

@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_softmax
-from hal.backends.cuda.kernels.launch import launch
 from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for, self_checking
 
 _BWD_BLOCK = 4096
@@ -107,10 +106,10 @@ def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype]
     y = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     block = next_power_of_2(n)
     if block <= MAX_BLOCK:
-        launch(_softmax_fwd, (rows,), x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, LOG=log,
-               num_warps=num_warps_for(block))
+        _softmax_fwd[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, LOG=log,
+                              num_warps=num_warps_for(block))
     else:
-        launch(_softmax_fwd_loop, (rows,), x2, y, x2.stride(0), y.stride(0), n, BLOCK=8192, LOG=log, num_warps=16)
+        _softmax_fwd_loop[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=8192, LOG=log, num_warps=16)
     return y.view(x.shape)
 
 
@@ -119,8 +118,8 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: tor
     rows, n = y2.shape
     dx = torch.empty((rows, n), dtype=in_dtype, device=y.device)
     block = min(next_power_of_2(n), _BWD_BLOCK)
-    launch(_softmax_bwd, (rows,), dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n, BLOCK=block, LOG=log,
-           num_warps=num_warps_for(block))
+    _softmax_bwd[(rows,)](dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n, BLOCK=block, LOG=log,
+                          num_warps=num_warps_for(block))
     return dx.view(y.shape)
 
 
