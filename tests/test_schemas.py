@@ -73,6 +73,8 @@ SHAPES: dict[str, dict] = {
                                             "loss_max_rel_diff", "environment"),
     "reports/cuda/routing.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
     "reports/cuda/kern_timing.json": _req("routing", "rows", rows={"type": "array"}),
+    "reports/cuda/launch-experiment-*/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
+    "reports/cuda/launch-experiment-*/routing-*.json": _req("measured", "default", "ops", "sweep"),
     "reports/h200/*/env.json": ENV_FINGERPRINT,
     "reports/h200/program-sections/bench_program_sections_*.json": _req("script", "device", "summary", "repeats"),
     "reports/cuda/*bench_collectives.json": _req("command", "rows", "world_size", "versions", rows={"type": "array"}),
