@@ -16,16 +16,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 exec > >(tee -a "$OUT/h200_kernels.log") 2>&1
-failed=0
-step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
-run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }
+. "$(dirname "$0")/h200_steps.sh"
 
 step install
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-$PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 99; }
+install_project
 $PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$OUT/env.json"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -16,18 +16,12 @@ mkdir -p "$R"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 exec > >(tee -a "$R/h200_reports.log") 2>&1
-failed=0
 parts=${*:-models dp precision profile matrix audit tests}
 want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
-step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
-run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }
+. "$(dirname "$0")/h200_steps.sh"
 
 step install
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-$PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 99; }
+install_project
 HAL=$(dirname "$(command -v $PY)")/hal; [ -x "$HAL" ] || HAL="$PY -m hal.cli.main"
 $PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$R/env.json"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$R/gpus.csv" 2>&1

@@ -1,0 +1,14 @@
+# Shared by the H200 scripts (sourced, not run): numbered steps with their own time limits, and the
+# install of carried wheels plus the project. Expects PY; counts failed steps in $failed.
+failed=0
+step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
+# run LIMIT_S CMD...: a failing or timed-out step is reported and counted, and the script goes on
+run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }
+# the wheels carried in .whl/ (the image lacks them) into /tmp/site, then this checkout, editable
+install_project() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  $PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 99; }
+}
