@@ -480,7 +480,6 @@ def eager(args: argparse.Namespace, device: torch.device) -> dict:
 SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 4096, 16384), "cpu": (1, 4, 16)}
 SWEEP_WIDTH = {"cuda": {"silu_and_mul": 8192, "cross_entropy": 32000, None: 4096},
                "cpu": {"silu_and_mul": 64, "cross_entropy": 100, None: 32}}
-SWEEP_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm", "silu_and_mul", "cross_entropy")
 
 
 def min_numel(points: list[tuple[int, float, float]]) -> Optional[int]:
@@ -541,7 +540,7 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
                        "triton kernel (routing forced to it) vs torch eager",
            "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
     with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
-        for op in [o for o in args.kernels if o in SWEEP_OPS]:
+        for op in [o for o in args.kernels if o in routing.OPS]:  # the ops the routing table decides
             try:
                 kern, _pred = load(op)
             except Exception as exc:
