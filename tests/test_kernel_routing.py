@@ -173,3 +173,11 @@ def test_predicates_accept_and_reject_on_the_fast_path(monkeypatch):
     assert "residual" in kernels.supports_add_rms_norm(x, x.half(), (8,), w)
     assert "last dim" in kernels.supports_softmax(x, 0)
     assert kernels.supports_softmax(x, 1, torch.float32) is None
+
+
+def test_mode_is_train_only_when_autograd_records_the_call():
+    x, w = torch.ones(2), torch.ones(2, requires_grad=True)
+    assert routing.mode(x) == "infer" and routing.mode(x, None) == "infer"
+    assert routing.mode(x, None, w) == "train"
+    with torch.no_grad():
+        assert routing.mode(w) == "infer"

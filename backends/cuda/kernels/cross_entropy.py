@@ -174,9 +174,9 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     """``F.cross_entropy`` for every call: the kernel for ``input [rows, classes]``, class-index
     ``target [rows]``, no weight and no label smoothing where :mod:`routing` allows, else torch's."""
     if supports_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing) is None:
-        train = input.requires_grad and torch.is_grad_enabled()
-        if routing.decide("cross_entropy", input.dtype, "train" if train else "infer", input.numel()):
-            if train:
+        mode = routing.mode(input)
+        if routing.decide("cross_entropy", input.dtype, mode, input.numel()):
+            if mode == "train":
                 return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
             _, t, loss, _ = ce_forward(input, target, ignore_index)
             return _reduce(loss, t != ignore_index, reduction, input.dtype)

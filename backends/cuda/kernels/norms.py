@@ -381,13 +381,6 @@ class RmsNormFunction(torch.autograd.Function):
         return dx, (dx if ctx.has_res else None), dw, None, None
 
 
-def _mode(x: torch.Tensor, a: Optional[torch.Tensor] = None, b: Optional[torch.Tensor] = None) -> str:
-    if torch.is_grad_enabled() and (x.requires_grad or (a is not None and a.requires_grad)
-                                    or (b is not None and b.requires_grad)):
-        return "train"
-    return "infer"
-
-
 def _n(normalized_shape: Sequence[int]) -> int:
     n = 1
     for s in normalized_shape:
@@ -406,7 +399,7 @@ def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Opt
     :func:`~hal.backends.cuda.kernels.supports_layer_norm` accepts the call and :mod:`routing` says so,
     else ``F.layer_norm`` itself."""
     if supports_layer_norm(input, normalized_shape, weight, bias) is None:
-        mode = _mode(input, weight, bias)
+        mode = routing.mode(input, weight, bias)
         if routing.decide("layer_norm", input.dtype, mode, input.numel()):
             if mode == "train":
                 return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
@@ -420,7 +413,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optio
     """``F.rms_norm`` over the trailing ``normalized_shape`` dims (eps None: the dtype's machine eps), for
     every call: the kernel where the predicate and :mod:`routing` allow, else torch's rms_norm."""
     if supports_rms_norm(input, normalized_shape, weight) is None:
-        mode = _mode(input, weight)
+        mode = routing.mode(input, weight)
         if routing.decide("rms_norm", input.dtype, mode, input.numel()):
             if mode == "train":
                 return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
@@ -434,7 +427,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     """``h = input + residual``; returns ``(rms_norm(h), h)`` in one pass, for every call: the kernel
     where the predicate and :mod:`routing` allow, else the unfused torch sequence."""
     if supports_add_rms_norm(input, residual, normalized_shape, weight) is None:
-        mode = _mode(input, residual, weight)
+        mode = routing.mode(input, residual, weight)
         if routing.decide("add_rms_norm", input.dtype, mode, input.numel()):
             if mode == "train":
                 y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))

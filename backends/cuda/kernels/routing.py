@@ -155,6 +155,16 @@ def using(doc: Union[dict, str]) -> Iterator[dict]:
         _install(prev)
 
 
+def mode(*tensors: Optional[torch.Tensor]) -> str:
+    """``"train"`` when autograd records a call on ``tensors`` (grad mode on and one of them, None
+    skipped, requires grad), else ``"infer"``: the mode a kernel wrapper asks :func:`decide` about."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return "train"
+    return "infer"
+
+
 def decide(op: str, dtype: Union[torch.dtype, str], mode: str, numel: int) -> bool:
     """True when a call of ``op`` on ``numel`` input elements of ``dtype`` in ``mode`` ("infer" or
     "train") should take the Triton kernel, False when it should go straight to torch's kernel.

@@ -94,9 +94,9 @@ def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     """``F.silu(a) * b`` with ``a, b = input.chunk(2, dim=-1)``, for every call: the kernel where
     :func:`~hal.backends.cuda.kernels.supports_silu_and_mul` and :mod:`routing` allow, else torch."""
     if supports_silu_and_mul(input) is None:
-        train = input.requires_grad and torch.is_grad_enabled()
-        if routing.decide("silu_and_mul", input.dtype, "train" if train else "infer", input.numel()):
-            if train:
+        mode = routing.mode(input)
+        if routing.decide("silu_and_mul", input.dtype, mode, input.numel()):
+            if mode == "train":
                 return SiluAndMulFunction.apply(input)
             return silu_and_mul_forward(input)
     return torch_impl.silu_and_mul(input)

@@ -142,9 +142,9 @@ class SoftmaxFunction(torch.autograd.Function):
 
 def _softmax_call(op: str, log: bool, input: torch.Tensor, dim: int, dtype: Optional[torch.dtype]):
     if supports_softmax(input, dim, dtype) is None:
-        train = input.requires_grad and torch.is_grad_enabled()
-        if routing.decide(op, input.dtype, "train" if train else "infer", input.numel()):
-            if train:
+        mode = routing.mode(input)
+        if routing.decide(op, input.dtype, mode, input.numel()):
+            if mode == "train":
                 return SoftmaxFunction.apply(input, log, dtype)
             return softmax_forward(input, log, dtype)
     return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
