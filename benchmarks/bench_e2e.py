@@ -22,12 +22,9 @@ Exit status: 0 ok, 2 no CUDA device (one line on stderr).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Optional
@@ -95,28 +92,10 @@ def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
     return max(diffs), max(rels)
 
 
-def environment(device: torch.device) -> dict:
-    env: dict = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(device),
-                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                 "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                 "HAL_CUDA_ROUTING": os.environ.get("HAL_CUDA_ROUTING")}
-    try:
-        from importlib.metadata import version
-        env["triton"] = version("triton")
-    except Exception:
-        env["triton"] = None
-    try:
-        env["commit"] = os.environ.get("HAL_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception:
-        env["commit"] = None
-    return env
-
-
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     """All variants; the result document (see the module docstring)."""
     variants = ["torch", "hal"] + ([] if args.no_compile else ["compile"]) + (["hal+compile"] if args.hal_compile else [])
-    from bench_kernels import ensure_linear_cross_entropy  # this folder is sys.path[0] when run as a script
+    from bench_kernels import ensure_linear_cross_entropy, environment  # this folder is sys.path[0] as a script
     head = ensure_linear_cross_entropy(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     res: dict = {"config": args.config, "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps,
                  "warmup": args.warmup, "variants": variants, "hal_linear_cross_entropy_impl": head,

@@ -48,13 +48,14 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from hal.ops import torch_impl
 
 MiB = 1 << 20
 TARGET_TBPS = 3.8e12
@@ -215,24 +216,16 @@ def build_case(kernel: str, size: str, dtype: torch.dtype, device: torch.device)
                     (lambda x, w: LF.liger_rms_norm(x, w, 1e-6)) if LF else None, 2 * m * n * e, 3 * m * n * e)
     if kernel == "add_rms_norm":
         m, n = shape
-
-        def unfused(x, r, w):
-            h = x + r
-            return F.rms_norm(h, (n,), w, 1e-6), h
         return Case(kernel, shape, lambda: (rnd(m, n), rnd(m, n), rnd(n)), (0, 1, 2),
-                    lambda x, r, w: H.add_rms_norm(x, r, (n,), w, 1e-6), unfused,
+                    lambda x, r, w: H.add_rms_norm(x, r, (n,), w, 1e-6),
+                    lambda x, r, w: torch_impl.add_rms_norm(x, r, (n,), w, 1e-6),
                     (lambda x, r, w: LF.liger_fused_add_rms_norm(x, r, w, 1e-6)) if LF else None,
                     4 * m * n * e, 5 * m * n * e)
     if kernel == "silu_and_mul":
         m, n = shape
-
-        def unfused(x):
-            a, b = x.chunk(2, -1)
-            return F.silu(a) * b
-
         # Liger's swiglu takes the halves as two contiguous tensors (its kernel has one row stride):
         # they are split and copied outside the timing
-        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: H.silu_and_mul(x), unfused,
+        return Case(kernel, shape, lambda: (rnd(m, n),), (0,), lambda x: H.silu_and_mul(x), torch_impl.silu_and_mul,
                     (lambda a, b: LF.liger_swiglu(a, b)) if LF else None, 3 * m * n // 2 * e, 5 * m * n // 2 * e,
                     liger_args=lambda args: tuple(t.contiguous() for t in args[0].chunk(2, -1)), liger_diff=(0, 1))
     if kernel == "cross_entropy":
@@ -392,21 +385,19 @@ def copy_ceiling(timer: Timer) -> Optional[float]:
 
 
 def environment(device: torch.device) -> dict:
-    """Versions (torch, triton, liger), GPU name, date, git commit."""
+    """Versions (torch, triton, liger), GPU name, date, the checkout's commit, the routing table in use."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hal.environment import git_commit
     env: dict = {"torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                  "device": str(device), "python": sys.version.split()[0]}
     for mod in ("triton", "liger_kernel"):
         try:
-            from importlib.metadata import version
             env[mod] = version(mod.replace("_", "-"))
-        except Exception:
+        except PackageNotFoundError:
             env[mod] = None
     env["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    try:
-        env["commit"] = os.environ.get("HAL_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception:
-        env["commit"] = None
+    env["commit"] = git_commit()
     env["HAL_CUDA_ROUTING"] = os.environ.get("HAL_CUDA_ROUTING")
     return env
 
@@ -510,16 +501,11 @@ def _sweep_args(op: str, rows: int, width: int, dtype: torch.dtype, device: torc
         return ((rnd(rows, width), rnd(width)), (0, 1), lambda k, x, w: k(x, (width,), w, 1e-6),
                 lambda x, w: F.rms_norm(x, (width,), w, 1e-6))
     if op == "add_rms_norm":
-        def unfused(x, r, w):
-            h = x + r
-            return F.rms_norm(h, (width,), w, 1e-6), h
         return ((rnd(rows, width), rnd(rows, width), rnd(width)), (0, 1, 2),
-                lambda k, x, r, w: k(x, r, (width,), w, 1e-6), unfused)
+                lambda k, x, r, w: k(x, r, (width,), w, 1e-6),
+                lambda x, r, w: torch_impl.add_rms_norm(x, r, (width,), w, 1e-6))
     if op == "silu_and_mul":
-        def unfused(x):
-            a, b = x.chunk(2, -1)
-            return F.silu(a) * b
-        return (rnd(rows, width),), (0,), lambda k, x: k(x), unfused
+        return (rnd(rows, width),), (0,), lambda k, x: k(x), torch_impl.silu_and_mul
     if op == "cross_entropy":
         return ((rnd(rows, width), torch.randint(0, width, (rows,), device=device)), (0,),
                 lambda k, x, t: k(x, t), lambda x, t: F.cross_entropy(x, t))
