@@ -1,18 +1,24 @@
 """Overhead of --precision and --profile on a *program* target (a script run unchanged), issue 17.
 
-For each repeat, one ``program_sections`` call (the real child runs: float64 reference, shadowed
-target, profiled run) on the script; from its sections:
+Each repeat makes, interleaved (background load hits every variant alike), the real child runs of
+``program_sections`` (float64 reference run, shadowed target run, profiled run) on the script:
 
-* precision: the shadowed-and-compared window of the target run (first top-level forward to the
-  first optimizer step) against (a) the *first* step of the plain profile run (same one-time
-  costs: lazy init, first allocations) and (b) the warmed-up plain step; goal <= 4x;
-* profile: the median profiled step against the median plain step of the same run (plain steps
-  run first, before any profiler); goal <= 1.2x.
+* ``cold``: ``--precision --profile`` as the audit runs them: the compared window is the program's
+  first step (first top-level forward to the first optimizer step: lazy initialisation, first
+  allocations and, on a GPU, library handles and kernel loading are in it), next to the profile run's
+  *first* plain step, which pays the same one-time costs, and its warmed-up plain steps;
+* ``warm``: ``--precision`` with the window opened after one optimizer step (both runs), so the
+  shadowed and compared step is a warmed-up one: against the warmed-up plain step this is the
+  steady-state cost of the comparison (goal <= 4x);
+* ``warm, CPU shadow`` (only where the float64 shadows run on the device): the same with
+  ``HAL_PRECISION_SHADOW_DEVICE=cpu``, the previous design (every shadow and statistic on the CPU);
+* profile: the median profiled step against the median plain step of the cold run's profile child
+  (plain steps run first, before any profiler); goal <= 1.2x.
 
-Repeats are interleaved runs of the whole thing, so background load hits both sides alike; the
-table gives medians and minima side by side. Prints a tabulate table and writes JSON
-(``--out``, default out/bench_program_sections.json). Default script: the CUDA autocast
-TransformerEncoder fixture, redirected to the CPU here (``--device mlu``).
+The window includes the batched statistics (``statistics_ms`` of it). Prints a tabulate table
+(medians and minima over repeats) and writes JSON (``--out``, default
+out/bench_program_sections.json). Default script: the CUDA autocast TransformerEncoder fixture,
+redirected to the CPU here (``--device mlu``), on the GPU with ``--device cuda``.
 """
 from __future__ import annotations
 
@@ -29,10 +35,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SCRIPT = os.path.join(HERE, os.pardir, "tests", "fixtures", "precision", "cuda_autocast_train.py")
 
 
+def _sections(a, precision_warm_steps: int, profile: bool, env: dict) -> tuple:
+    from hal.conformance.workload_audit import program_sections
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            s = program_sections({"target": a.script, "kind": "script", "device": a.device, "args": a.script_args,
+                                  "steps": a.steps, "precision": True, "profile": profile, "out": tmp,
+                                  "timeout": 900, "precision_warm_steps": precision_warm_steps}, [])
+            return s, time.perf_counter() - t0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _timing(section: dict) -> dict:
+    return section.get("target", {}).get("timing") or {}
+
+
 def main(argv=None) -> int:
     from tabulate import tabulate
 
-    from hal.conformance.workload_audit import program_sections
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script", default=os.path.normpath(DEFAULT_SCRIPT))
     p.add_argument("--device", default="mlu")
@@ -45,36 +73,49 @@ def main(argv=None) -> int:
         p.error(f"--script {a.script}: no such file")
     rows = []
     for i in range(a.repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            s = program_sections({"target": a.script, "kind": "script", "device": a.device, "args": a.script_args,
-                                  "steps": a.steps, "precision": True, "profile": True, "out": tmp,
-                                  "timeout": 900}, [])
-            wall = time.perf_counter() - t0
-        pr, pf = s["precision"], s["profile"]
+        cold, wall = _sections(a, 0, True, {})
+        pr, pf = cold["precision"], cold["profile"]
         if "target" not in pr or "step_ms" not in pf:
             p.exit(3, f"{p.prog}: the sections were not produced: precision {pr.get('verdict')}: {pr.get('error')}; "
                       f"profile: {pf.get('error')}\n")
-        tm = pr["target"]["timing"]
+        warm, _ = _sections(a, 1, False, {})
+        tc, tw = _timing(pr), _timing(warm["precision"])
         first, plain, prof = pf["first_step_ms"], pf["step_ms"], pf["profiled_step_ms"]
-        rows.append({"repeat": i, "wall_s": wall, "precision_window_ms": tm["window_ms"],
-                     "plain_first_step_ms": first, "plain_step_ms_median": plain["median"], "plain_step_ms_min": plain["min"],
-                     "profiled_step_ms_median": prof["median"], "profiled_step_ms_min": prof["min"],
-                     "precision_vs_first_step": tm["window_ms"] / first,
-                     "precision_vs_plain_median": tm["window_ms"] / plain["median"],
-                     "precision_vs_plain_min": tm["window_ms"] / plain["min"],
-                     "profile_ratio_median": prof["median"] / plain["median"],
-                     "profile_ratio_min": prof["min"] / plain["min"],
-                     "precision_verdict": pr["verdict"]})
-        print(f"repeat {i}: {json.dumps(rows[-1])}", file=sys.stderr)
-    keys = ["precision_vs_first_step", "precision_vs_plain_median", "precision_vs_plain_min",
-            "profile_ratio_median", "profile_ratio_min"]
-    table = [[k, f"{statistics.median(r[k] for r in rows):.2f}", f"{min(r[k] for r in rows):.2f}",
-              "<= 4" if k.startswith("precision") else "<= 1.2"] for k in keys]
+        row = {"repeat": i, "wall_s": wall, "shadow_device": tw.get("shadow_device"),
+               "precision_window_ms": tc.get("window_ms"), "statistics_ms": tc.get("statistics_ms"),
+               "precision_warm_window_ms": tw.get("window_ms"), "warm_statistics_ms": tw.get("statistics_ms"),
+               "plain_first_step_ms": first, "plain_step_ms_median": plain["median"], "plain_step_ms_min": plain["min"],
+               "profiled_step_ms_median": prof["median"], "profiled_step_ms_min": prof["min"],
+               "precision_vs_first_step": tc["window_ms"] / first,
+               "precision_vs_plain_median": tc["window_ms"] / plain["median"],
+               "precision_warm_vs_plain_median": tw["window_ms"] / plain["median"] if tw.get("window_ms") else None,
+               "profile_ratio_median": prof["median"] / plain["median"],
+               "profile_ratio_min": prof["min"] / plain["min"],
+               "precision_verdict": pr["verdict"], "precision_warm_verdict": warm["precision"].get("verdict")}
+        if any(d != "cpu" for d in tw.get("shadow_device") or []):
+            cpu, _ = _sections(a, 1, False, {"HAL_PRECISION_SHADOW_DEVICE": "cpu"})
+            tcpu = _timing(cpu["precision"])
+            row.update({"cpu_shadow_warm_window_ms": tcpu.get("window_ms"),
+                        "cpu_shadow_statistics_ms": tcpu.get("statistics_ms"),
+                        "precision_warm_cpu_shadow_vs_plain_median":
+                            tcpu["window_ms"] / plain["median"] if tcpu.get("window_ms") else None})
+        rows.append(row)
+        print(f"repeat {i}: {json.dumps(row)}", file=sys.stderr)
+    keys = [("precision_vs_first_step", "cold window / first plain step", ""),
+            ("precision_vs_plain_median", "cold window / plain step", ""),
+            ("precision_warm_vs_plain_median", "warm window / plain step", "<= 4"),
+            ("precision_warm_cpu_shadow_vs_plain_median", "warm window, CPU shadow / plain step", ""),
+            ("profile_ratio_median", "profiled / plain step (medians)", "<= 1.2"),
+            ("profile_ratio_min", "profiled / plain step (minima)", "<= 1.2")]
+    keys = [k for k in keys if any(r.get(k[0]) is not None for r in rows)]
+
+    def vals(k):
+        return [r[k] for r in rows if r.get(k) is not None]
+    table = [[label, f"{statistics.median(vals(k)):.2f}", f"{min(vals(k)):.2f}", goal] for k, label, goal in keys]
     print(tabulate(table, headers=["ratio", f"median of {len(rows)}", "min", "goal"], tablefmt="github"))
     import torch
     doc = {"script": a.script, "args": a.script_args, "device": a.device, "steps": a.steps, "repeats": rows,
-           "summary": {k: {"median": statistics.median(r[k] for r in rows), "min": min(r[k] for r in rows)} for k in keys},
+           "summary": {k: {"median": statistics.median(vals(k)), "min": min(vals(k))} for k, _, _ in keys},
            "environment": {"python": platform.python_version(), "torch": torch.__version__,
                            "platform": platform.platform(), "cpu_count": os.cpu_count(),
                            "load_avg": os.getloadavg()},

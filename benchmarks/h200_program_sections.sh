@@ -1,31 +1,64 @@
 #!/usr/bin/env bash
-# Issue 17 on the GPU: hal-audit --precision --profile on a plain CUDA training script (autocast fp16 +
-# GradScaler, TransformerEncoder: tests/fixtures/precision/cuda_autocast_train.py), no code change.
-# Writes $OUT/reports/h200/audit-cuda-autocast-script/{audit.json,audit.md,audit.html,trace.json,stdout.txt,
-# exit_code.txt} and $OUT/reports/h200/audit-cuda-autocast-script/env.json (environment fingerprint, nvidia-smi).
-# Usage, from the project root on the H200 host:  OUT=/some/dir benchmarks/h200_program_sections.sh
-# Then copy $OUT/reports/h200/audit-cuda-autocast-script into reports/h200/ and commit.
+# Issue 17 on the GPU, in one command: the precision tests that need CUDA (shadows and statistics on the
+# device), hal-audit --precision --profile on a plain CUDA training script (autocast fp16 + GradScaler,
+# TransformerEncoder: tests/fixtures/precision/cuda_autocast_train.py, no code change), the overhead
+# benchmark of both sections on that script, and the profiler-activity breakdown.
+#
+# Usage, from the project root on the H200 host:  OUT=/some/dir bash benchmarks/h200_program_sections.sh
+# Writes $OUT/reports/h200/audit-cuda-autocast-script/{audit.json,audit.md,audit.html,audit.sarif,trace.json,
+# stdout.txt,exit_code.txt,env.json,gpus.csv}, $OUT/bench_program_sections_cuda.json,
+# $OUT/bench_profiler_configs_cuda.json and $OUT/h200_program_sections.log. Carried wheels in .whl/ are
+# installed first. H200_STEPS=tests,audit,bench,profiler picks steps (default: all). The exit status is the
+# number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
 D=$OUT/reports/h200/audit-cuda-autocast-script
 mkdir -p "$D"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-$PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed: using PYTHONPATH"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-$PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$D/env.json" 2>&1
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$D/gpus.csv" 2>&1
-timeout 900 $PY -m hal.cli.audit tests/fixtures/precision/cuda_autocast_train.py --device cuda --precision --profile \
-  --steps 3 --timeout 600 --out "$D" --format text -- --iters 50 > "$D/stdout.txt" 2>&1
-echo $? > "$D/exit_code.txt"
-tail -5 "$D/stdout.txt"
-$PY - "$D/audit.json" <<'PY'
+exec > >(tee -a "$OUT/h200_program_sections.log") 2>&1
+. "$(dirname "$0")/h200_steps.sh"
+
+step install
+install_project
+$PY -c "import json, hal.environment as e; print(json.dumps(e.fingerprint(), indent=1, default=str))" > "$D/env.json"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$D/gpus.csv"
+
+if want tests; then
+  step "precision tests on CUDA (float64 shadows and batched statistics on the device; the CUDA smoke audits)"
+  run 150 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly \
+      tests/test_precision_batched.py tests/test_cuda_smoke.py
+fi
+
+if want audit; then
+  step "hal-audit --precision --profile on the CUDA autocast script"
+  timeout 300 $PY -m hal.cli.audit tests/fixtures/precision/cuda_autocast_train.py --device cuda --precision --profile \
+    --steps 3 --timeout 240 --out "$D" --format text -- --iters 50 > "$D/stdout.txt" 2>&1
+  echo $? > "$D/exit_code.txt"
+  tail -5 "$D/stdout.txt"
+  $PY - "$D/audit.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 p, f, t = d.get("precision") or {}, d.get("profile") or {}, d.get("target") or {}
 print("target verified:", t.get("verified"), "| precision verdict:", p.get("verdict"), "verified:", p.get("verified"),
       "first divergence:", p.get("first_divergence"))
+print("precision timing:", (p.get("target") or {}).get("timing"))
 print("profile verified:", f.get("verified"), "activities:", f.get("activities"), "step ms:", (f.get("step_ms") or {}).get("median"),
       "profiled:", (f.get("profiled_step_ms") or {}).get("median"), "ratio:", f.get("overhead_ratio"))
 print("top ops (device ms):", [(o["op"], o["device_ms"]) for o in (f.get("ops") or [])[:5]])
 PY
+fi
+
+if want bench; then
+  step "overhead of --precision (cold, warm, warm with CPU shadows) and --profile on the script"
+  run 240 $PY benchmarks/bench_program_sections.py --device cuda --repeats 2 --out "$OUT/bench_program_sections_cuda.json"
+fi
+
+if want profiler; then
+  step "torch.profiler activity sets on the script's training step"
+  run 90 $PY benchmarks/bench_profiler_configs.py --device cuda --out "$OUT/bench_profiler_configs_cuda.json"
+fi
+
+step done
+echo "failed steps: $failed"
+exit $failed

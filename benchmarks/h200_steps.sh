@@ -1,6 +1,8 @@
 # Shared by the H200 scripts (sourced, not run): numbered steps with their own time limits, and the
 # install of carried wheels plus the project. Expects PY; counts failed steps in $failed.
 failed=0
+# want NAME: whether step NAME is selected ($H200_STEPS: comma-separated names; empty: every step)
+want() { [ -z "${H200_STEPS:-}" ] || [[ ",$H200_STEPS," == *",$1,"* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 # run LIMIT_S CMD...: a failing or timed-out step is reported and counted, and the script goes on
 run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }

@@ -326,8 +326,10 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     from hal.conformance.precision.script import SCRIPT_MAX_ELEMENTS, SEED
     steps = request.get("steps") or PROGRAM_PRECISION_STEPS
     samples = os.path.join(workdir, "reference-samples.pt")
+    # both runs open their compared window after the same number of optimizer steps (0: the first step)
+    warm = int(request.get("precision_warm_steps") or 0)
     ref = _run_program(request, workdir, "precision-reference", "cpu", steps, precision_role="reference",
-                       precision_samples=samples)
+                       precision_samples=samples, precision_warm_steps=warm)
     ref_run = ref.get("precision_run") or {}
     missing = None
     if not os.path.exists(samples):
@@ -336,7 +338,7 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                    f"{r.get('error') or ref_run.get('window_closed_by') or 'no module forward ran'}): "
                    "totals, gradients and parameters not compared; local (shadow) errors only")
     tgt = _run_program(request, workdir, "precision-target", run_device, steps, precision_role="target",
-                       precision_samples=samples, reference_missing=missing)
+                       precision_samples=samples, reference_missing=missing, precision_warm_steps=warm)
     pr = tgt.get("precision_run")
     if not pr or "rows" not in pr:
         run = tgt.get("run") or {}

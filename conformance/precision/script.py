@@ -20,10 +20,13 @@ into its result file. The parent (:mod:`hal.conformance.workload_audit`) runs th
    threshold whose inputs were within tolerance and whose float64 shadow confirms the error is its
    own ("introduced"); ops after it on the data path are "inherited".
 
-Window: from the first top-level forward to the first optimizer step (pre-hook) — evaluation
+Window (``precision_warm_steps`` = 0, what the audit does): from the first top-level forward to the
+first optimizer step (pre-hook) — evaluation
 forwards before it included —, or to the next grad-enabled top-level forward after a backward (a
 step the program or its GradScaler skipped), or, in a program that built no optimizer and ran no
-backward, to the end of the first top-level forward. Losses (the tensor handed to ``backward``, or
+backward, to the end of the first top-level forward. With ``precision_warm_steps`` = N > 0 (the
+overhead benchmark's warmed-up window) both runs let N optimizer steps pass first and open it at the
+next top-level forward. Losses (the tensor handed to ``backward``, or
 the loss ``GradScaler.scale`` was given) are recorded over the whole bounded run for drift.
 
 Everything that could not be compared is listed in ``not_compared`` with the reason (never skipped
@@ -40,7 +43,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .metrics import sample_index, take_sample
+from .argtree import map_leaves
+from .metrics import sample_index_on, take_sample
 from .shadow import Shadow
 from .tracer import _SKIP, StepTracer, _widen
 
@@ -123,9 +127,8 @@ class _SampledShadow(Shadow):
     def run(self, func, args, kwargs, out, out_index):
         tv, sv, how = super().run(func, args, kwargs, out, out_index)
         if how == "full" and tv.numel() > self.max_elements and tuple(tv.shape) == tuple(sv.shape):
-            idx = sample_index(tv.shape, self.max_elements)
-            tv = tv.detach()[tuple(i.to(tv.device) for i in idx)]
-            sv = sv[idx]
+            tv = tv.detach()[sample_index_on(tv.shape, self.max_elements, tv.device)]
+            sv = sv[sample_index_on(sv.shape, self.max_elements, sv.device)]
             how = f"elements {self.max_elements}/{out.numel()} (shadowed whole, compared on a sample)"
         return tv, sv, how
 
@@ -147,7 +150,10 @@ class _ProgramTracer(StepTracer):
     def __exit__(self, *exc):
         if self.shadow is not None:
             self.shadow.cache.clear()
-        return super(StepTracer, self).__exit__(*exc)
+        try:
+            return super(StepTracer, self).__exit__(*exc)
+        finally:
+            self.finalize()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -162,14 +168,14 @@ class _ProgramTracer(StepTracer):
             if self.role == "reference":
                 name = func.overloadpacket.__name__
                 if not (func.is_view or name.endswith("_") or name in _SKIP):
-                    args, kwargs = tree_map(_upcast, args), tree_map(_upcast, kwargs)
+                    args, kwargs = map_leaves(_upcast, args), map_leaves(_upcast, kwargs)
                 else:
-                    args, kwargs = tree_map(_widen, args), tree_map(_widen, kwargs)
+                    args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
             return func(*args, **kwargs)
         if self.role == "reference":
             name = func.overloadpacket.__name__
             if not (func.is_view or name.endswith("_") or name in _SKIP):
-                args, kwargs = tree_map(_upcast, args), tree_map(_upcast, kwargs)
+                args, kwargs = map_leaves(_upcast, args), map_leaves(_upcast, kwargs)
         if len(self.records) + len(self.samples) >= MAX_RECORDS:
             self.owner.truncated = True
         return super().__torch_dispatch__(func, types, args, kwargs)
@@ -218,6 +224,7 @@ class ProgramPrecision:
         self.spec = spec
         self.limiter = limiter
         self.role = spec["precision_role"]
+        self.warm_steps = int(spec.get("precision_warm_steps") or 0)
         self.samples_path = spec.get("precision_samples")
         self.modules = modules
         self.truncated = False
@@ -246,6 +253,7 @@ class ProgramPrecision:
         self._saved: list = []
         self._scaler_pending = False
         self._depth = 0
+        self._backwards_at_open = 0
         self.t_open = self.t_last = None
         self.window_ms: Optional[float] = None
         self.after_ms: List[float] = []  # steps after the window (optimizer step to optimizer step)
@@ -414,7 +422,7 @@ class ProgramPrecision:
             self._close("the first inference forward ended (no optimizer, no backward)")
 
     def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self.window == "open" and self.backwards and torch.is_grad_enabled():
+        if self.window == "open" and self.backwards > self._backwards_at_open and torch.is_grad_enabled():
             self._close("the next training forward began before any optimizer step "
                         "(no optimizer, or the step was skipped)")
         if self.window == "closed":
@@ -425,7 +433,7 @@ class ProgramPrecision:
             root = type(module).__name__
             for name, p in module.named_parameters(prefix=root):
                 self.param_names.setdefault(id(p), name)
-            if self.window == "not started":
+            if self.window == "not started" and self.init_fp is None:
                 self.init_fp = _fingerprint([p for p in module.parameters()] + [b for b in module.buffers()
                                                                                  if b.is_floating_point()])
             fp = _fingerprint([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)])
@@ -442,7 +450,7 @@ class ProgramPrecision:
                                          "run's (data order not reproducible): totals not compared")
             if self.role == "reference" and module not in self.converted:
                 self._convert(module)
-        if self.window == "not started":
+        if self.window == "not started" and self.optimizer_steps >= self.warm_steps:
             self._open()
 
     def _convert(self, module: torch.nn.Module) -> None:
@@ -453,6 +461,7 @@ class ProgramPrecision:
     def _open(self) -> None:
         import time
         self.t_open = time.perf_counter()
+        self._backwards_at_open = self.backwards
         samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
         self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
                                      max_elements=SCRIPT_MAX_ELEMENTS)
@@ -466,14 +475,14 @@ class ProgramPrecision:
         import time
         self.window = "closed"
         self.closed_by = why
+        if self.tracer is not None:
+            self.tracer.recording = False
+            if self.role == "target" and self.mode_active:
+                self.mode_active = False
+                self.tracer.__exit__(None, None, None)  # judges the window's queued comparisons
+        # the window's cost includes those statistics (finalize_ms of it)
         self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
-        if self.tracer is None:
-            return
-        self.tracer.recording = False
-        if self.role == "target" and self.mode_active:
-            self.mode_active = False
-            self.tracer.__exit__(None, None, None)
-        if self.role == "reference":
+        if self.tracer is not None and self.role == "reference":
             self._save()
 
     def _named(self, opt: torch.optim.Optimizer) -> List[tuple]:
@@ -539,14 +548,22 @@ class ProgramPrecision:
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
                                "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,
+                                          "statistics_ms": self.tracer.finalize_ms if self.tracer else None,
+                                          "shadow_device": self._shadow_device(),
                                           "what": "window_ms: first top-level forward to the window's close "
-                                                  "(shadowed and compared); after_window_step_ms: each later "
+                                                  "(shadowed and compared, the batched statistics included: "
+                                                  "statistics_ms of it); after_window_step_ms: each later "
                                                   "optimizer step to the next (the same run, no shadow)"}}
         if self.role == "reference":
             out["ops_recorded"] = len(self.tracer.samples) if self.tracer is not None else 0
             return {"precision_run": out}
         out.update(self._compare())
         return {"precision_run": out}
+
+    def _shadow_device(self) -> Optional[List[str]]:
+        """The devices the float64 shadows ran on (None: no shadow in this run)."""
+        sh = self.tracer.shadow if self.tracer is not None else None
+        return sorted(sh.homes) if sh is not None else None
 
     def _compare(self) -> dict:
         from .compare import _record_row, _tensor_rows, classify

@@ -1,7 +1,10 @@
-"""Shadow execution: re-run one aten op in float64 on the CPU on the target's actual inputs.
+"""Shadow execution: re-run one aten op in float64 on the target's actual inputs.
 
 The shadow isolates the op's *own* error (DIPU autocompare style): its inputs are exactly the
-target's inputs upcast, so any difference is introduced by this op. Costs are kept down by
+target's inputs upcast, so any difference is introduced by this op. It runs where float64 is real
+(:func:`float64_home`): on the target device itself when its backend computes float64 natively
+(CUDA: no copy leaves the device, nothing synchronises), else on the CPU (MLU computes float64 as
+float32, so a float64 shadow there would not be a reference). Costs are kept down by
 
 * an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
   version, holding a strong reference to the source so the key cannot be recycled; bounded by
@@ -17,20 +20,46 @@ Not thread-safe: one :class:`Shadow` per tracer.
 from __future__ import annotations
 
 import collections
+import functools
 import math
-from typing import Any, Optional, Tuple
+import os
+from typing import Any, Dict, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_map
 
-from .metrics import DEFAULT_MAX_ELEMENTS, sample_index
+from .argtree import map_leaves
+from .metrics import DEFAULT_MAX_ELEMENTS, on_device, sample_index_on
 
 _F64 = torch.float64
 _CPU = torch.device("cpu")
+#: ``cpu`` runs every float64 shadow on the CPU, whatever the device can do (to compare the two)
+ENV_SHADOW_DEVICE = "HAL_PRECISION_SHADOW_DEVICE"
+_HOMES: Dict[torch.device, torch.device] = {}
+
+
+def float64_home(device: torch.device) -> torch.device:
+    """Where float64 shadows (and the statistics) of ops on ``device`` run: ``device`` itself when
+    its HAL backend computes float64 natively (``supports_dtype``: a silent downcast is not native),
+    else the CPU; ``$HAL_PRECISION_SHADOW_DEVICE=cpu`` forces the CPU. Decided once per device and
+    cached; a backend that cannot be asked means the CPU. Thread-safe (idempotent cache writes)."""
+    if device.type == "cpu":
+        return _CPU
+    home = _HOMES.get(device)
+    if home is None:
+        home = _CPU
+        if os.environ.get(ENV_SHADOW_DEVICE, "").strip().lower() != "cpu":
+            try:
+                from hal.discovery import get_backend
+                if get_backend(device.type).supports_dtype(_F64, device):
+                    home = device
+            except Exception:  # no backend for this device type, or it cannot say: the CPU is safe
+                pass
+        _HOMES[device] = home
+    return home
 
 
 class UpcastCache:
-    """float64 CPU copies of tensors, LRU-bounded by ``max_bytes``."""
+    """float64 copies of tensors on their :func:`float64_home`, LRU-bounded by ``max_bytes``."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
@@ -40,20 +69,21 @@ class UpcastCache:
         self.misses = 0
 
     def get(self, t: torch.Tensor) -> torch.Tensor:
-        if t.dtype == _F64 and t.device == _CPU:
+        home = float64_home(t.device)
+        if t.dtype == _F64 and t.device == home:
             return t
         try:
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                    tuple(t.stride()), t.dtype, t.device, t._version)
         except (RuntimeError, NotImplementedError):
-            return t.detach().to(_CPU, _F64)
+            return t.detach().to(home, _F64)
         hit = self._d.get(key)
         if hit is not None:
             self._d.move_to_end(key)
             self.hits += 1
             return hit[1]
         self.misses += 1
-        up = t.detach().to(_CPU, _F64)
+        up = t.detach().to(home, _F64)
         nbytes = up.numel() * 8
         if nbytes <= self.max_bytes // 4:
             self._d[key] = (t, up)
@@ -68,18 +98,20 @@ class UpcastCache:
         self._bytes = 0
 
 
-def _float64_args(x: Any, cache: UpcastCache) -> Any:
+def _float64_args(x: Any, cache: UpcastCache, home: torch.device) -> Any:
+    """One argument of the float64 shadow running on ``home``."""
     if isinstance(x, torch.Tensor):
         if x.is_floating_point():
             return cache.get(x)
-        return x.detach().to(_CPU)
+        return x.detach().to(home)
     if isinstance(x, torch.dtype) and x.is_floating_point:
         return _F64
     if isinstance(x, torch.device):
-        return _CPU
+        return home
     return x
 
 
+@functools.lru_cache(maxsize=4096)
 def _rows(n_rows: int, row_len: int, max_elements: int) -> Optional[torch.Tensor]:
     if n_rows * row_len <= max_elements or n_rows <= 1:
         return None
@@ -88,8 +120,10 @@ def _rows(n_rows: int, row_len: int, max_elements: int) -> Optional[torch.Tensor
     return torch.randperm(n_rows, generator=g)[:m].sort().values
 
 
+@functools.lru_cache(maxsize=4096)
 def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A fixed subset of rows and columns with about ``max_elements`` cells in all."""
+    """A fixed subset of rows and columns with about ``max_elements`` cells in all (cached: the
+    tensors are never written)."""
     side = max(1, int(math.sqrt(max_elements)))
     nr = min(n_rows, max(side, max_elements // max(1, n_cols)))
     nc = min(n_cols, max(1, max_elements // nr))
@@ -112,7 +146,7 @@ _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product
 
 
 def _attention64(name, args, kwargs, cache) -> torch.Tensor:
-    """float64 CPU attention for a device-only SDPA kernel (output 0), math path."""
+    """float64 attention (on the inputs' float64 home) for a device-only SDPA kernel (output 0), math path."""
     import torch.nn.functional as F
 
     q, k, v = (cache.get(t) for t in args[:3])
@@ -128,13 +162,16 @@ def _attention64(name, args, kwargs, cache) -> torch.Tensor:
 
 
 class Shadow:
-    """Runs float64 CPU shadows of aten ops; returns (target values, shadow values, sampled)."""
+    """Runs float64 shadows of aten ops on :func:`float64_home` of the op's output device; returns
+    (target values, shadow values, sampled)."""
 
     def __init__(self, max_elements: int = DEFAULT_MAX_ELEMENTS, cache_bytes: int = 1 << 30,
                  sample: bool = True):
         self.max_elements = max_elements
         self.sample = sample
         self.cache = UpcastCache(cache_bytes)
+        #: the devices shadows ran on (``"cpu"``, ``"cuda:0"`` ...), for the report
+        self.homes: set = set()
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
             ) -> Tuple[torch.Tensor, torch.Tensor, str]:
@@ -144,6 +181,7 @@ class Shadow:
         the op raises in float64 (the caller records it as an unshadowed op).
         """
         name = func.overloadpacket.__name__
+        self.homes.add(str(float64_home(out.device)))
         if name in _DEVICE_ATTENTION:
             if out_index != 0:
                 raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
@@ -156,8 +194,9 @@ class Shadow:
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        a64 = tree_map(lambda x: _float64_args(x, self.cache), args)
-        k64 = tree_map(lambda x: _float64_args(x, self.cache), kwargs)
+        home = float64_home(out.device)
+        a64 = map_leaves(lambda x: _float64_args(x, self.cache, home), args)
+        k64 = map_leaves(lambda x: _float64_args(x, self.cache, home), kwargs)
         res = func(*a64, **k64)
         ref = res[out_index] if isinstance(res, (tuple, list)) else res
         return out, ref, "full"
@@ -171,30 +210,34 @@ class Shadow:
         rows = _rows(n_rows, last, self.max_elements)
         if rows is None:
             return None
-        return rows, rows.to(device), n_rows, last
+        return rows, on_device(("rows", n_rows, last, self.max_elements), (rows,), device)[0], n_rows, last
 
     def _sampled(self, func, name, args, kwargs, out):
         c = self.cache
+        home = float64_home(out.device)
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
-            rows, cols = _grid(out.shape[0], out.shape[1], self.max_elements)
-            r_dev, c_dev = rows.to(a.device), cols.to(a.device)
-            prod = a.detach()[r_dev].to(_CPU, _F64) @ b.detach()[:, c_dev].to(_CPU, _F64)
+            key = ("grid", out.shape[0], out.shape[1], self.max_elements)
+            rows, cols = _grid(*key[1:])
+            r_dev, c_dev = on_device(key, (rows, cols), a.device)
+            prod = a.detach()[r_dev].to(home, _F64) @ b.detach()[:, c_dev].to(home, _F64)
             if name == "addmm":
-                bias64 = args[0].detach().to(_CPU, _F64)
+                r_home, c_home = on_device(key, (rows, cols), home)
+                bias64 = args[0].detach().to(home, _F64)
                 if bias64.dim() == 2 and bias64.shape[0] == out.shape[0]:
-                    bias64 = bias64[rows]
+                    bias64 = bias64[r_home]
                 if bias64.dim() >= 1 and bias64.shape[-1] == out.shape[1]:
-                    bias64 = bias64[..., cols]
+                    bias64 = bias64[..., c_home]
                 prod = kwargs.get("beta", 1) * bias64 + kwargs.get("alpha", 1) * prod
             return out[r_dev][:, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[0]}x{out.shape[1]}"
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
             per = max(1, self.max_elements // out.shape[0])
-            rows, cols = _grid(out.shape[1], out.shape[2], per)
-            r_dev, c_dev = rows.to(a.device), cols.to(a.device)
-            prod = a.detach()[:, r_dev].to(_CPU, _F64) @ b.detach()[:, :, c_dev].to(_CPU, _F64)
+            key = ("grid", out.shape[1], out.shape[2], per)
+            rows, cols = _grid(*key[1:])
+            r_dev, c_dev = on_device(key, (rows, cols), a.device)
+            prod = a.detach()[:, r_dev].to(home, _F64) @ b.detach()[:, :, c_dev].to(home, _F64)
             return out[:, r_dev][:, :, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
             g, o = args[0], args[1]
@@ -202,8 +245,8 @@ class Shadow:
             if sel is None:
                 return None
             rows, r_dev, n_rows, last = sel
-            gs = g.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
-            os_ = o.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
+            gs = g.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
+            os_ = o.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
             ref = func(gs, os_, -1, _F64)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
@@ -212,26 +255,25 @@ class Shadow:
             if sel is None:
                 return None
             rows, r_dev, n_rows, last = sel
-            xs = x.detach().reshape(n_rows, last)[r_dev].to(_CPU, _F64)
+            xs = x.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
             ref = func(xs, -1, False)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if torch.Tag.pointwise in func.tags and not kwargs:
-            idx = sample_index(out.shape, self.max_elements)
-            if idx is None:
+            dev_idx = sample_index_on(out.shape, self.max_elements, out.device)
+            if dev_idx is None:
                 return None
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             if any(torch.broadcast_shapes(t.shape, out.shape) != out.shape for t in tensors):
                 return None
-            dev_idx = tuple(i.to(out.device) for i in idx)
 
             def pick(x):
                 if isinstance(x, torch.Tensor):
                     if x.dim() == 0:
-                        return _float64_args(x, c)
-                    v = x.detach().expand(out.shape)[dev_idx].to(_CPU)
+                        return _float64_args(x, c, home)
+                    v = x.detach().expand(out.shape)[dev_idx].to(home)
                     return v.to(_F64) if v.is_floating_point() else v
-                return _float64_args(x, c)
+                return _float64_args(x, c, home)
 
             ref = func(*[pick(a) for a in args])
-            return out[dev_idx], ref, f"elements {idx[0].numel()}/{out.numel()}"
+            return out[dev_idx], ref, f"elements {dev_idx[0].numel()}/{out.numel()}"
         return None

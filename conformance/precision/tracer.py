@@ -11,7 +11,10 @@ whose output is a floating-point tensor (views, copies and factories excluded) i
 * in the ``target`` role: the *total* error against the reference sample with the same key
   (inherited + introduced), and with ``shadow=True`` the *local* error against a float64 shadow
   of the op on its actual inputs (introduced only), plus which earlier records produced its
-  inputs (for first-divergence blame).
+  inputs (for first-divergence blame). While the step runs, each op only queues its comparisons
+  (samples copied where the op ran, shadows on :func:`shadow.float64_home`: on a float64-capable
+  device nothing leaves it and nothing synchronises); :meth:`StepTracer.finalize`, called on exit,
+  judges them all at once (:func:`metrics.error_stats_many`) and fills ``local``/``total``.
 
 Module outputs are recorded the same way by forward hooks (``kind="module"``). Not thread-safe;
 use one tracer per model and step. Hooks are removed on exit.
@@ -25,11 +28,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from . import thresholds as th
-from .metrics import DEFAULT_MAX_ELEMENTS, error_stats, take_sample
-from .shadow import Shadow
+from .argtree import leaves, map_leaves
+from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sample_copy, take_sample
+from .shadow import Shadow, float64_home
 
 _SKIP = {
     "detach", "copy_", "_to_copy_", "empty", "empty_like", "empty_strided", "new_empty",
@@ -90,7 +93,7 @@ def _seq_probe() -> int:
 
 def _label_graph(outputs, path: str, start_seq: int) -> None:
     """Label autograd nodes created since ``start_seq`` (and not yet labelled) with ``path``."""
-    flat, _ = tree_flatten(outputs)
+    flat = leaves(outputs)
     stack = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     seen = set()
     while stack:
@@ -134,7 +137,7 @@ class Widen64Mode(TorchDispatchMode):
             torch.set_default_dtype(self._saved_default)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*tree_map(_widen, args), **tree_map(_widen, kwargs or {}))
+        return func(*map_leaves(_widen, args), **map_leaves(_widen, kwargs or {}))
 
 
 class StepTracer(TorchDispatchMode):
@@ -165,6 +168,10 @@ class StepTracer(TorchDispatchMode):
         self._record_modules = record_module_outputs
         self._internal = False
         self.compute_dtype = compute_dtype
+        #: comparisons queued by the step, judged by :meth:`finalize`: (record, "local" | "total", request)
+        self._pending: List[Tuple[OpRecord, str, StatsRequest]] = []
+        #: milliseconds the last :meth:`finalize` took (the deferred statistics)
+        self.finalize_ms = 0.0
 
     # -- module hooks ---------------------------------------------------------------------
     def __enter__(self):
@@ -180,7 +187,39 @@ class StepTracer(TorchDispatchMode):
         self._handles.clear()
         if self.shadow is not None:
             self.shadow.cache.clear()
-        return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.finalize()
+
+    def finalize(self) -> None:
+        """Judge every comparison queued since the last call, filling ``local``/``total`` of the
+        records (called on exit; records read before it have neither). One batched pass where the
+        queued values are (their device when all are on one float64-capable device, else the CPU);
+        a comparison that cannot be computed leaves its metric None (local: ``shadow_error`` says why)."""
+        if not self._pending:
+            return
+        import time
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, []
+        devices = {q.target.device for _, _, q in pending}
+        dev = float64_home(devices.pop()) if len(devices) == 1 else torch.device("cpu")
+        reqs = [q for _, _, q in pending]
+        prev = self._internal
+        self._internal = True  # the statistics' own ops are not the program's
+        try:
+            stats = error_stats_many(reqs, dev)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            stats = [None] * len(reqs)
+            for rec, which, _ in pending:
+                if which == "local":
+                    rec.shadow_error = f"statistics failed: {why}"
+        finally:
+            self._internal = prev
+        for (rec, which, _), st in zip(pending, stats):
+            setattr(rec, which, st)
+        self.finalize_ms += (time.perf_counter() - t0) * 1e3
 
     def _pre(self, path):
         def hook(mod, args):
@@ -200,8 +239,7 @@ class StepTracer(TorchDispatchMode):
                 if torch.is_grad_enabled():
                     _label_graph(output, path, seq)
                 if self._record_modules:
-                    flat, _ = tree_flatten(output)
-                    for i, t in enumerate(x for x in flat if isinstance(x, torch.Tensor)):
+                    for i, t in enumerate(x for x in leaves(output) if isinstance(x, torch.Tensor)):
                         if t.is_floating_point() and t.numel() > 0:
                             self._observe("forward", path, "<module>", t, i, kind="module")
             finally:
@@ -222,7 +260,7 @@ class StepTracer(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.role == "reference" and not self._internal:
             # the reference runs *every* floating computation in float64, explicit casts included
-            args, kwargs = tree_map(_widen, args), tree_map(_widen, kwargs)
+            args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
         out = func(*args, **kwargs)
         if self._internal:
             return out
@@ -239,16 +277,16 @@ class StepTracer(TorchDispatchMode):
             name, n_out = _CANONICAL[name]
             outs = outs[:n_out]
         phase, module = self.current_module()
-        input_ids = [id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        inputs = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor)]
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.numel() > 0 and (
                     o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
                 self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
-                              input_ids=input_ids)
+                              inputs=inputs)
         return out
 
     def _observe(self, phase, module, op, t, out_index, *, kind="op", func=None, args=(),
-                 kwargs=None, input_ids=()):
+                 kwargs=None, inputs=()):
         ckey = (phase, module, op, out_index)
         occ = self._counts[ckey]
         self._counts[ckey] = occ + 1
@@ -257,12 +295,11 @@ class StepTracer(TorchDispatchMode):
             self.samples[key] = take_sample(t, self.max_elements)
             return
         k = th.reduction_length(op, args, tuple(t.shape)) if func is not None else 1
-        in_dtypes = [a.dtype for a in tree_flatten((args, kwargs))[0]
-                     if isinstance(a, torch.Tensor) and a.is_floating_point()] if func is not None else []
+        in_dtypes = [a.dtype for a in inputs if a.is_floating_point()] if func is not None else []
         # an op is judged at the precision of its least precise operand
         thr = th.threshold_for(op, th.loosest([t.dtype] + in_dtypes), k)
         prods = []
-        for tid in (input_ids if func is not None else (id(t),)):
+        for tid in ([id(a) for a in inputs] if func is not None else (id(t),)):
             p = self._producer.get(tid)
             if p is not None and p[0]() is not None:
                 prods.append(p[1])
@@ -281,16 +318,20 @@ class StepTracer(TorchDispatchMode):
                        total_threshold=tthr)
         ref = self.samples.get(key)
         if ref is not None:
-            tv = take_sample(t, self.max_elements)
+            tv = sample_copy(t, self.max_elements)
             if tv.numel() == ref.numel():
-                rec.total = error_stats(tv, ref, target_dtype=t.dtype, rtol=tthr["rtol_eff"],
-                                        atol=tthr["atol"], normwise=True, rule="aggregate")
+                self._pending.append((rec, "total", StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"],
+                                                                 True, "aggregate")))
         if func is not None and self.do_shadow:
             try:
                 tv, sv, how = self.shadow.run(func, args, kwargs, t, out_index)
+                if tv.numel() != sv.numel():
+                    raise ValueError(f"the float64 shadow has {sv.numel()} elements, the output {tv.numel()}")
+                if tv.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    tv = tv.clone()  # the output itself: keep the values as they are now
                 rec.sampling = how
-                rec.local = error_stats(tv, sv, target_dtype=t.dtype, rtol=thr["rtol_eff"],
-                                        atol=thr["atol"], normwise=thr["class"] == "reduction")
+                self._pending.append((rec, "local", StatsRequest(tv, sv, t.dtype, thr["rtol_eff"], thr["atol"],
+                                                                 thr["class"] == "reduction")))
             except Exception as exc:  # the float64 kernel may not exist; record why
                 rec.shadow_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         if func is not None:

@@ -1,0 +1,155 @@
+"""The precision tracers' batched statistics and deferred comparisons (issue 17, overhead).
+
+``error_stats_many`` judges a whole step's comparisons in a few padded, vectorised passes: its
+results must not depend on how requests are grouped (padding, buckets, chunks) and must match the
+metric definitions computed element by element. The tracer queues comparisons while the step runs
+and judges them on exit, so a sample must keep the value an op produced even when the program
+later changes that tensor in place. The float64 shadow runs on the CPU unless the device's backend
+computes float64 natively (the CUDA test runs on the GPU machine and skips elsewhere with the
+backend's reason).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hal
+from hal.conformance.precision import metrics
+from hal.conformance.precision.metrics import StatsRequest, error_stats, error_stats_many
+from hal.conformance.precision.shadow import ENV_SHADOW_DEVICE, _HOMES, float64_home
+from hal.conformance.precision.tracer import StepTracer
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def _request(seed: int, n: int, dtype: torch.dtype, noise: float, special: bool, rule: str, normwise: bool):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(n, generator=g, dtype=torch.float64) * 10 ** (seed % 7 - 3)
+    t = (r * (1 + noise * torch.randn(n, generator=g, dtype=torch.float64))).to(dtype)
+    if special and n > 2:
+        t, r = t.clone(), r.clone()
+        t[0], r[1], t[-1], r[-1] = math.nan, math.inf, -math.inf, -math.inf
+    return StatsRequest(t, r, dtype, 1e-3, 1e-5 if seed % 2 else 0.0, normwise, rule)
+
+
+_requests = st.lists(st.builds(_request, st.integers(0, 10 ** 6), st.sampled_from([1, 2, 7, 300, 1024, 1025, 5000]),
+                               st.sampled_from(_DTYPES), st.sampled_from([0.0, 1e-6, 1e-3, 0.3]), st.booleans(),
+                               st.sampled_from(["element", "aggregate"]), st.booleans()), min_size=1, max_size=40)
+
+
+def _same(a: dict, b: dict) -> bool:
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, float) and isinstance(w, float):
+            if not (v == w or (math.isnan(v) and math.isnan(w)) or abs(v - w) <= 1e-9 * max(abs(v), abs(w))):
+                return False
+        elif v != w:
+            return False
+    return a.keys() == b.keys()
+
+
+@settings(max_examples=40, deadline=None)
+@given(_requests)
+def test_batched_statistics_do_not_depend_on_grouping(reqs):
+    together = error_stats_many(reqs)
+    alone = [error_stats_many([q])[0] for q in reqs]
+    assert all(_same(a, b) for a, b in zip(together, alone))
+
+
+def test_batched_statistics_match_the_definitions(monkeypatch):
+    monkeypatch.setitem(metrics._CHUNK_ELEMENTS, "cpu", 2048)  # several chunks and padded rows
+    reqs = [_request(s, n, dt, 1e-3, s % 3 == 0, "element", s % 2 == 0)
+            for s, (n, dt) in enumerate([(5, torch.float32), (1500, torch.float16), (4096, torch.bfloat16),
+                                         (3000, torch.float32), (33, torch.float64), (1025, torch.float16)])]
+    for q, s in zip(reqs, error_stats_many(reqs)):
+        t, r = q.target.double().tolist(), q.ref.tolist()
+        fin = [math.isfinite(a) and math.isfinite(b) for a, b in zip(t, r)]
+        d = [abs(a - b) if f else 0.0 for a, b, f in zip(t, r, fin)]
+        ar = [abs(b) if f else 0.0 for b, f in zip(r, fin)]
+        nonfin = sum(1 for a, b, f in zip(t, r, fin) if not f and not (a == b or (math.isnan(a) and math.isnan(b))))
+        rms_ref = math.sqrt(sum(x * x for x in ar) / max(1, sum(fin)))
+        scale = [max(x, rms_ref) if q.normwise else x for x in ar]
+        bad = sum(1 for x, sc, f in zip(d, scale, fin) if f and x > sc * q.rtol + q.atol)
+        assert s["n"] == len(t) and s["nan_inf_mismatch"] == nonfin
+        assert s["max_abs"] == pytest.approx(max(d), rel=1e-12, abs=0)
+        assert s["mean_rel"] == pytest.approx(sum(d) / sum(ar), rel=1e-9)
+        assert s["rms_rel"] == pytest.approx(math.sqrt(sum(x * x for x in d) / sum(x * x for x in ar)), rel=1e-9)
+        assert s["mismatch_frac"] == pytest.approx((bad + nonfin) / len(t), rel=1e-12)
+        assert ("ulp_max" in s) == (q.target_dtype in (torch.float16, torch.bfloat16))
+
+
+def test_single_comparison_is_one_request_of_the_batch():
+    q = _request(3, 700, torch.float16, 1e-3, True, "aggregate", True)
+    s = error_stats(q.target, q.ref, target_dtype=q.target_dtype, rtol=q.rtol, atol=q.atol, normwise=q.normwise,
+                    rule=q.rule)
+    assert _same(s, error_stats_many([q])[0])
+    with pytest.raises(ValueError, match="elements"):
+        error_stats_many([StatsRequest(torch.ones(3), torch.ones(4), torch.float32, 1e-3, 0.0, False)])
+
+
+class _MutatesItsOutput(torch.nn.Module):
+    """An op output that the program changes in place afterwards (as ``x += ...``, AccumulateGrad or
+    ``clip_grad_norm_`` do): the deferred comparison must see the value the op produced."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y.mul_(0.0).add_(1e6)  # in place: the linear's output is overwritten before the step ends
+        return y.sum()
+
+
+def test_deferred_comparisons_keep_the_value_the_op_produced():
+    m = _MutatesItsOutput()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = StepTracer(m, "reference")
+        with ref:
+            m(x)
+        tr = StepTracer(m, "target", reference_samples=ref.samples)
+        with tr:
+            m(x)
+    lin = [r for r in tr.records if r.op == "addmm"]
+    assert lin and lin[0].local is not None and lin[0].total is not None  # filled by finalize on exit
+    assert lin[0].local["max_abs"] < 1e-4 and lin[0].total["max_abs"] < 1e-4
+    assert tr.finalize_ms > 0
+
+
+def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monkeypatch):
+    assert float64_home(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setattr("hal.conformance.precision.shadow._HOMES", {})
+    assert float64_home(torch.device("meta")) == torch.device("cpu")  # no backend for it: the CPU
+    from hal.backends.mlu import MluBackend
+    # an MLU computes float64 as float32 (torch_mlu): its float64 shadow would be no reference
+    assert "float64" not in MluBackend().native_dtypes((5, 0))
+
+
+def _cuda_reason() -> str:
+    info = {i.name: i for i in hal.list_backends()}.get("cuda")
+    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
+
+
+@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+def test_on_cuda_shadows_and_statistics_run_on_the_device(monkeypatch):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    _HOMES.clear()
+    assert float64_home(dev) == dev
+    monkeypatch.setenv(ENV_SHADOW_DEVICE, "cpu")
+    _HOMES.clear()
+    assert float64_home(dev) == torch.device("cpu")
+    monkeypatch.delenv(ENV_SHADOW_DEVICE)
+    _HOMES.clear()
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to(dev)
+    x = torch.randn(32, 64, device=dev)
+    tr = StepTracer(m, "target")
+    with tr:
+        m(x).float().sum().backward()
+    assert tr.shadow.homes == {str(dev)}
+    ops = [r for r in tr.records if r.kind == "op" and r.local is not None]
+    assert ops and all(not r.local["exceeds"] for r in ops), [(r.op, r.local) for r in ops if r.local["exceeds"]]
