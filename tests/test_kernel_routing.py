@@ -410,3 +410,20 @@ def test_wrappers_non_tensor_input_takes_the_full_path(wrappers):
         wrappers["softmax"].softmax([1.0, 2.0], -1)
     assert wrappers["preds"]["n"] == 1
 
+
+# ---- hal.ops dispatch: the cache is per device type and dtype ------------------------------------------
+def test_dispatch_cache_separates_device_types_and_dtypes():
+    """CPU tensors, meta tensors (a device type with neither is_cuda nor is_cpu) and dtypes each get
+    their own entry; a registration afterwards invalidates every entry."""
+    def reference(x):
+        return x
+
+    op = H.define_op("_routing_test_devices", "hal::_routing_test_devices", reference, register_cpu=False)
+    H.REGISTRY.register("_routing_test_devices", "cpu", lambda x: "cpu32", impl="a", dtypes={"float32"})
+    H.REGISTRY.register("_routing_test_devices", "cpu", lambda x: "cpu64", impl="b", dtypes={"float64"})
+    H.REGISTRY.register("_routing_test_devices", "meta", lambda x: "meta", impl="c")
+    c, m = torch.zeros(2), torch.zeros(2, device="meta")
+    for _ in range(2):
+        assert op(c) == "cpu32" and op(m) == "meta" and op(c.double()) == "cpu64" and op(m.double()) == "meta"
+    H.REGISTRY.register("_routing_test_devices", "meta", lambda x: "meta2", impl="c")
+    assert op(m) == "meta2" and op(c) == "cpu32"
