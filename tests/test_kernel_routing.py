@@ -427,3 +427,6 @@ def test_dispatch_cache_separates_device_types_and_dtypes():
         assert op(c) == "cpu32" and op(m) == "meta" and op(c.double()) == "cpu64" and op(m.double()) == "meta"
     H.REGISTRY.register("_routing_test_devices", "meta", lambda x: "meta2", impl="c")
     assert op(m) == "meta2" and op(c) == "cpu32"
+    assert op(x=c) == "cpu32"  # the input by keyword, as the signature (x, *args, ...) allowed
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'x'"):
+        op()
