@@ -1,8 +1,9 @@
 """``hal.ops``: device-agnostic ops with torch's semantics, dispatched through the op registry.
 
 Each public function (``hal.ops.softmax`` ...) takes torch's arguments plus a keyword-only
-``fallback=`` policy, picks the implementation registered for the first tensor's device type and dtype
-(cached after the first call, so dispatch adds well under a microsecond; an implementation that
+``fallback=`` policy, picks the implementation registered for the first argument's (a tensor's) device type and dtype
+(cached after the first call: a cached call reads a few tensor attributes and looks up a dict, which
+``benchmarks/bench_dispatch.py`` measures against calling torch directly; an implementation that
 carries the attribute ``hal_checks_own_args`` is cached and called directly, with no per-call
 predicate chain, since it takes every call of its op itself), and otherwise applies
 the fallback policy of :mod:`hal.ops.fallback`: the CPU implementation runs on host copies of the
