@@ -14,8 +14,9 @@ Raises NotSupportedError when the policy is ``error`` and no implementation fits
 The cache is per device *type* and dtype, as the registry is (implementations are registered per
 device type, so every CUDA device shares the entry of ``cuda``). Its key avoids building a
 ``torch.device`` per call: CUDA and CPU tensors are told apart with ``Tensor.is_cuda`` /
-``Tensor.is_cpu`` and looked up by dtype alone; any other device type is keyed by
-``(x.device.type, dtype)``, so different device types never share an entry.
+``Tensor.is_cpu`` and looked up by dtype alone; any other device is keyed by ``(x.device, dtype)``
+(one entry per device index there, each the device type's implementation), so different device types
+never share an entry.
 """
 from __future__ import annotations
 
@@ -143,37 +144,38 @@ def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tupl
 
 
 def _make(op: str) -> Callable[..., Any]:
-    # the resolution cache, per device type (see the module docstring): dtype -> implementation for
-    # CUDA and for CPU tensors, (device type, dtype) -> implementation for every other device type
+    # the resolution cache (see the module docstring): dtype -> implementation for CUDA and for CPU
+    # tensors, (torch.device, dtype) -> implementation for every other device type
     cuda: dict = {}
     cpu: dict = {}
     other: dict = {}
     _caches.extend((cuda, cpu, other))
 
-    def store(device_type: str, dtype: torch.dtype, fn: Callable[..., Any]) -> None:
-        if device_type == "cuda":
+    def store(device: torch.device, dtype: torch.dtype, fn: Callable[..., Any]) -> None:
+        if device.type == "cuda":
             cuda[dtype] = fn
-        elif device_type == "cpu":
+        elif device.type == "cpu":
             cpu[dtype] = fn
         else:
-            other[(device_type, dtype)] = fn
+            other[(device, dtype)] = fn
 
     def slow(x: torch.Tensor, args: tuple, kwargs: dict, fallback: Optional[str]) -> Any:
-        device_type = x.device.type
+        device = x.device
+        device_type = device.type
         _ensure_backend_ops(device_type)
         chain = [i for i in REGISTRY.implementations(op, device_type)
                  if i.dtypes is None or dtype_name(x.dtype) in i.dtypes]
         if chain and getattr(chain[0].fn, SELF_CHECKING, False):
-            store(device_type, x.dtype, chain[0].fn)  # it takes every call: no predicate chain per call
+            store(device, x.dtype, chain[0].fn)  # it takes every call: no predicate chain per call
             return chain[0].fn(*args, **kwargs)
         res = REGISTRY.resolve(op, device_type, dtype_name(x.dtype), args, kwargs)
         if res.impl is None:
             return _run_fallback(op, res, current_policy(fallback), args, kwargs)
         upto = chain[: chain.index(res.impl) + 1] if res.impl in chain else [res.impl]
         if all(i.supports is None for i in upto):
-            store(device_type, x.dtype, res.impl.fn)
+            store(device, x.dtype, res.impl.fn)
         else:
-            store(device_type, x.dtype, _guarded(chain))
+            store(device, x.dtype, _guarded(chain))
         return res.impl.fn(*args, **kwargs)
 
     def dispatch(*args: Any, fallback: Optional[str] = None, **kwargs: Any) -> Any:
@@ -192,7 +194,7 @@ def _make(op: str) -> Callable[..., Any]:
         elif x.is_cpu:
             fn = cpu.get(x.dtype)
         else:
-            fn = other.get((x.device.type, x.dtype))
+            fn = other.get((x.device, x.dtype))  # not x.device.type: building that str costs more
         if fn is None:
             return slow(x, args, kwargs, fallback)
         if kwargs:
