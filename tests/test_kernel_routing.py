@@ -1,7 +1,10 @@
-"""The CUDA kernels' routing table (which calls go to torch's kernel) and the dispatcher's fast path for
-implementations that check their own arguments. Pure Python: runs everywhere (no Triton, no GPU)."""
+"""The CUDA kernels' routing table (which calls go to torch's kernel), the kernel wrappers' fast path in
+front of it, and the dispatcher's fast path for implementations that check their own arguments. Pure
+Python: runs everywhere (no GPU); the tests that call the kernel wrappers themselves need Triton importable
+(they launch nothing: the kernel entry points are replaced by spies) and skip without it."""
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 
@@ -181,3 +184,249 @@ def test_mode_is_train_only_when_autograd_records_the_call():
     assert routing.mode(x, None, w) == "train"
     with torch.no_grad():
         assert routing.mode(w) == "infer"
+
+
+# ---- the kernel wrappers' fast path (routing.floors) ---------------------------------------------------
+def _probe_sizes(th: dict) -> list[int]:
+    """Element counts on both sides of every threshold in ``th`` (and 0, 1)."""
+    out = {0, 1}
+    for v in th.values():
+        if v is not None:
+            out.update({max(0, v - 1), v, v + 1})
+    return sorted(out)
+
+
+def _fast_then_full(op, dtype, mode, numel):
+    """What a kernel wrapper decides: the op's floor first, :func:`routing.decide` only at or above it."""
+    if numel < routing.floors()[op]:
+        return False
+    return routing.decide(op, dtype, mode, numel)
+
+
+@pytest.mark.parametrize("spec", [None, "triton", "torch", "doc"])
+def test_floors_make_the_same_decision_as_decide(spec):
+    """The floor is the op's smallest threshold over every dtype and both modes (null: no tensor reaches
+    it), so the fast path never sends to torch a call that decide would give the kernel, on either side of
+    any threshold, for any dtype and mode."""
+    doc = {"measured": "unit test", "default": 50,
+           "ops": {"softmax": {"float32": {"infer": 10, "train": None}, "bfloat16": {"infer": None, "train": 7}},
+                   "rms_norm": {"default": None, "float16": {"train": 0}},
+                   "layer_norm": {"default": None},
+                   "silu_and_mul": {"default": None, "bfloat16": {"infer": 12}},
+                   "cross_entropy": {"float32": {"infer": 3, "train": 3}}}}
+    with routing.using(doc if spec == "doc" else spec or str(routing.DEFAULT_PATH)) as t:
+        sizes = _probe_sizes(t["thresholds"]) + [1 << 40]
+        for op in routing.OPS:
+            every = [t["thresholds"][f"{op}/{dt}/{m}"] for dt in routing.DTYPES for m in routing.MODES]
+            known = [v for v in every if v is not None]
+            assert routing.floors()[op] == (min(known) if known else routing._NEVER), op
+        for op, dt, mode in itertools.product(routing.OPS, routing.DTYPES.values(), routing.MODES):
+            for n in sizes:
+                assert _fast_then_full(op, dt, mode, n) == routing.decide(op, dt, mode, n), (op, dt, mode, n)
+        if spec == "doc":  # the cases the table was written for
+            assert routing.floors()["softmax"] == 7 and routing.floors()["rms_norm"] == 0
+            assert routing.floors()["layer_norm"] == routing._NEVER and routing.floors()["silu_and_mul"] == 12
+            assert routing.floors()["cross_entropy"] == 3 and routing.floors()["add_rms_norm"] == 50
+        if spec == "triton":
+            assert set(routing.floors().values()) == {0}
+        if spec == "torch":
+            assert all(v > 1 << 60 for v in routing.floors().values())
+        if spec is None:  # the shipped table: every decode-sized call is below the floor
+            assert min(routing.floors().values()) >= 8 * 4096
+
+
+def test_floors_follow_using_reload_and_the_environment(monkeypatch, tmp_path):
+    """The dict floors() hands out is live: the wrappers bind it once, at import."""
+    live = routing.floors()
+    assert routing.floors() is live and set(live) == set(routing.OPS)
+    shipped = dict(live)
+    assert shipped == {op: min(routing._fast[(op, dt, m)] for dt in routing.DTYPES.values() for m in routing.MODES)
+                       for op in routing.OPS}
+    with routing.using({"measured": "t", "default": 5, "ops": {"rms_norm": {"bfloat16": {"infer": 2, "train": 9}}}}):
+        assert routing.floors() is live
+        assert live["rms_norm"] == 2 and live["softmax"] == 5
+        with routing.using("triton"):
+            assert set(live.values()) == {0}
+        assert live["rms_norm"] == 2
+    assert live == shipped
+    monkeypatch.setenv(routing.ENV, "torch")
+    routing.reload()
+    assert all(v > 1 << 60 for v in live.values())
+    monkeypatch.setenv(routing.ENV, "triton")
+    routing.reload()
+    assert set(live.values()) == {0}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"measured": "m", "default": None, "ops": {"rms_norm": {"float32": {"train": 4}}}}))
+    routing.reload(str(p))
+    assert live["rms_norm"] == 4 and live["softmax"] > 1 << 60
+
+
+def test_floors_before_any_table_is_loaded_mean_ask(monkeypatch):
+    """Before the first table is loaded every floor is 0: the first call takes the full path, whose
+    decide() loads the table (and so the floors)."""
+    monkeypatch.setattr(routing, "_table", None)
+    monkeypatch.setattr(routing, "_fast", {})
+    monkeypatch.setattr(routing, "_floors", {op: 0 for op in routing.OPS})
+    live = routing.floors()
+    assert set(live.values()) == {0}
+    assert not routing.decide("softmax", torch.float32, "infer", 64)  # loads the shipped table
+    assert live["softmax"] == min(routing._fast[("softmax", dt, m)] for dt in routing.DTYPES.values()
+                                  for m in routing.MODES)
+
+
+class _Launched(Exception):
+    """Raised by the spies that stand in for the kernels' entry points."""
+
+
+@pytest.fixture
+def wrappers(monkeypatch):
+    """The kernel wrappers on CPU tensors (``KERNEL_DEVICE = "cpu"``) with every kernel entry point
+    replaced by a spy that raises :class:`_Launched`, and a count of predicate calls."""
+    pytest.importorskip("triton")
+    from hal.backends.cuda import kernels
+    from hal.backends.cuda.kernels import _rows, cross_entropy, norms, silu_and_mul, softmax
+    monkeypatch.setattr(_rows, "KERNEL_DEVICE", "cpu")
+
+    def launched(*a, **k):
+        raise _Launched
+
+    for mod, names in ((softmax, ("softmax_forward",)), (norms, ("norm_forward",)),
+                       (silu_and_mul, ("silu_and_mul_forward",)), (cross_entropy, ("ce_forward",))):
+        for name in names:
+            monkeypatch.setattr(mod, name, launched)
+    for cls in (softmax.SoftmaxFunction, norms.LayerNormFunction, norms.RmsNormFunction,
+                silu_and_mul.SiluAndMulFunction, cross_entropy.CrossEntropyFunction):
+        monkeypatch.setattr(cls, "apply", launched)
+    preds = {"n": 0}
+    for mod in (softmax, norms, silu_and_mul, cross_entropy):
+        for name in dir(mod):
+            if name.startswith("supports_"):
+                real = getattr(kernels, name)
+
+                def counted(*a, _real=real, **k):
+                    preds["n"] += 1
+                    return _real(*a, **k)
+                monkeypatch.setattr(mod, name, counted)
+    return {"softmax": softmax, "norms": norms, "silu": silu_and_mul, "ce": cross_entropy, "preds": preds}
+
+
+def _calls(k, dtype, train):
+    """(op, thunk) for every wrapper on a 4 x 8 input (32 elements) of ``dtype``; ``train``: the input
+    requires grad. Includes calls the predicates reject (softmax over dim 0, an empty input)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=g).to(dtype).requires_grad_(train)
+    r, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((4, 8), (8,), (8,)))
+    t = torch.tensor([0, 3, 7, 1])
+    e = torch.empty(0, 8, dtype=dtype)
+    F = torch.nn.functional
+    sm, nm, si, ce = k["softmax"], k["norms"], k["silu"], k["ce"]
+    return [
+        ("softmax", lambda: sm.softmax(x, -1), lambda: torch.softmax(x, -1)),
+        ("softmax", lambda: sm.softmax(x, 0), lambda: torch.softmax(x, 0)),
+        ("softmax", lambda: sm.softmax(e, -1), lambda: torch.softmax(e, -1)),
+        ("softmax", lambda: sm.softmax(x, -1, torch.float32), lambda: torch.softmax(x, -1, dtype=torch.float32)),
+        ("log_softmax", lambda: sm.log_softmax(x, 1), lambda: torch.log_softmax(x, 1)),
+        ("layer_norm", lambda: nm.layer_norm(x, (8,), w, b, 1e-5), lambda: F.layer_norm(x, (8,), w, b, 1e-5)),
+        ("layer_norm", lambda: nm.layer_norm(x, (4,)), lambda: None),  # predicate rejects; torch raises
+        ("rms_norm", lambda: nm.rms_norm(x, (8,), w, 1e-6), lambda: F.rms_norm(x, (8,), w, 1e-6)),
+        ("add_rms_norm", lambda: nm.add_rms_norm(x, r, (8,), w), None),
+        ("silu_and_mul", lambda: si.silu_and_mul(x), lambda: F.silu(x[:, :4]) * x[:, 4:]),
+        ("cross_entropy", lambda: ce.cross_entropy(x, t), lambda: F.cross_entropy(x, t)),
+        ("cross_entropy", lambda: ce.cross_entropy(x, t, label_smoothing=0.1),
+         lambda: F.cross_entropy(x, t, label_smoothing=0.1)),
+    ]
+
+
+def _run(thunk):
+    try:
+        return "torch", thunk()
+    except _Launched:
+        return "kernel", None
+    except Exception as exc:
+        return type(exc).__name__, None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_wrappers_fast_path_decides_as_the_full_path(wrappers, dtype):
+    """Every wrapper, with thresholds on both sides of its input's size (31, 32, 33 for 32 elements), 0 and
+    null in each mode, and in both modes: the call takes the kernel exactly when it did without the fast
+    path (every floor 0: "ask"), and a call routed to torch returns torch's result."""
+    k = wrappers
+    values = [0, 31, 32, 33, None]
+    seen = set()
+    for op in routing.OPS:
+        for infer, train in itertools.product(values, values):
+            doc = {"measured": "t", "default": None,
+                   "ops": {op: {dt: {"infer": infer, "train": train} for dt in routing.DTYPES}}}
+            with routing.using(doc):
+                for is_train in (False, True):
+                    for name, thunk, want in _calls(k, dtype, is_train):
+                        if name != op:
+                            continue
+                        fast = _run(thunk)
+                        saved = dict(routing._floors)
+                        try:
+                            routing._floors.update(dict.fromkeys(saved, 0))  # 0: ask, the full path
+                            full = _run(thunk)
+                        finally:
+                            routing._floors.update(saved)
+                        assert fast[0] == full[0], (op, dtype, infer, train, is_train)
+                        seen.add(fast[0])
+                        if fast[0] == "torch" and want is not None:
+                            got, ref = fast[1], want()
+                            assert torch.equal(got, ref), (op, dtype)
+    assert "torch" in seen
+    assert ("kernel" in seen) == (dtype is not torch.float64)
+
+
+def test_wrappers_below_the_floor_run_no_predicate(wrappers):
+    """The point of the fast path: a call the shipped table sends to torch never runs the predicate."""
+    k = wrappers
+    routing.reload()
+    for train in (False, True):
+        for name, thunk, _ in _calls(k, torch.float32, train):
+            assert _run(thunk)[0] in ("torch", "RuntimeError"), name
+    assert k["preds"]["n"] == 0
+    with routing.using("triton"):  # every size reaches the floor (0): the full path runs
+        assert _run(lambda: k["softmax"].softmax(torch.randn(4, 8), -1))[0] == "kernel"
+        assert _run(lambda: k["softmax"].softmax(torch.randn(4, 8), 0))[0] == "torch"
+    assert k["preds"]["n"] == 2
+
+
+@pytest.mark.parametrize("value", ["triton", "torch"])
+def test_wrappers_follow_the_environment_variable(wrappers, monkeypatch, value):
+    monkeypatch.setenv(routing.ENV, value)
+    routing.reload()
+    x = torch.randn(4, 8)
+    got = _run(lambda: wrappers["norms"].rms_norm(x, (8,), None, 1e-6))[0]
+    assert got == ("kernel" if value == "triton" else "torch")
+    assert _run(lambda: wrappers["ce"].cross_entropy(x, torch.tensor([0, 1, 2, 3])))[0] == got
+
+
+def test_wrappers_non_tensor_input_takes_the_full_path(wrappers):
+    """A non-tensor input has no numel(): the fast path steps aside and the predicate and torch decide (as
+    before the fast path: torch's own error)."""
+    with pytest.raises(TypeError):
+        wrappers["softmax"].softmax([1.0, 2.0], -1)
+    assert wrappers["preds"]["n"] == 1
+
+
+# ---- hal.ops dispatch: the cache is per device type and dtype ------------------------------------------
+def test_dispatch_cache_separates_device_types_and_dtypes():
+    """CPU tensors, meta tensors (a device type with neither is_cuda nor is_cpu) and dtypes each get
+    their own entry; a registration afterwards invalidates every entry."""
+    def reference(x):
+        return x
+
+    op = H.define_op("_routing_test_devices", "hal::_routing_test_devices", reference, register_cpu=False)
+    H.REGISTRY.register("_routing_test_devices", "cpu", lambda x: "cpu32", impl="a", dtypes={"float32"})
+    H.REGISTRY.register("_routing_test_devices", "cpu", lambda x: "cpu64", impl="b", dtypes={"float64"})
+    H.REGISTRY.register("_routing_test_devices", "meta", lambda x: "meta", impl="c")
+    c, m = torch.zeros(2), torch.zeros(2, device="meta")
+    for _ in range(2):
+        assert op(c) == "cpu32" and op(m) == "meta" and op(c.double()) == "cpu64" and op(m.double()) == "meta"
+    H.REGISTRY.register("_routing_test_devices", "meta", lambda x: "meta2", impl="c")
+    assert op(m) == "meta2" and op(c) == "cpu32"
+    assert op(x=c) == "cpu32"  # the input by keyword, as the signature (x, *args, ...) allowed
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'x'"):
+        op()

@@ -1,14 +1,22 @@
 """``hal.ops``: device-agnostic ops with torch's semantics, dispatched through the op registry.
 
 Each public function (``hal.ops.softmax`` ...) takes torch's arguments plus a keyword-only
-``fallback=`` policy, picks the implementation registered for the first tensor's device and dtype
-(cached after the first call, so dispatch adds well under a microsecond; an implementation that
+``fallback=`` policy, picks the implementation registered for the first argument's (a tensor's) device type and dtype
+(cached after the first call: a cached call reads a few tensor attributes and looks up a dict, which
+``benchmarks/bench_dispatch.py`` measures against calling torch directly; an implementation that
 carries the attribute ``hal_checks_own_args`` is cached and called directly, with no per-call
 predicate chain, since it takes every call of its op itself), and otherwise applies
 the fallback policy of :mod:`hal.ops.fallback`: the CPU implementation runs on host copies of the
 inputs, the outputs are copied back, and the call is logged.
 
 Raises NotSupportedError when the policy is ``error`` and no implementation fits.
+
+The cache is per device *type* and dtype, as the registry is (implementations are registered per
+device type, so every CUDA device shares the entry of ``cuda``). Its key avoids building a
+``torch.device`` per call: CUDA and CPU tensors are told apart with ``Tensor.is_cuda`` /
+``Tensor.is_cpu`` and looked up by dtype alone; any other device is keyed by ``(x.device, dtype)``
+(one entry per device index there, each the device type's implementation), so different device types
+never share an entry.
 """
 from __future__ import annotations
 
@@ -136,32 +144,62 @@ def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tupl
 
 
 def _make(op: str) -> Callable[..., Any]:
-    cache: dict = {}
-    _caches.append(cache)
+    # the resolution cache (see the module docstring): dtype -> implementation for CUDA and for CPU
+    # tensors, (torch.device, dtype) -> implementation for every other device type
+    cuda: dict = {}
+    cpu: dict = {}
+    other: dict = {}
+    _caches.extend((cuda, cpu, other))
+
+    def store(device: torch.device, dtype: torch.dtype, fn: Callable[..., Any]) -> None:
+        if device.type == "cuda":
+            cuda[dtype] = fn
+        elif device.type == "cpu":
+            cpu[dtype] = fn
+        else:
+            other[(device, dtype)] = fn
 
     def slow(x: torch.Tensor, args: tuple, kwargs: dict, fallback: Optional[str]) -> Any:
         device = x.device
-        _ensure_backend_ops(device.type)
-        chain = [i for i in REGISTRY.implementations(op, device.type)
+        device_type = device.type
+        _ensure_backend_ops(device_type)
+        chain = [i for i in REGISTRY.implementations(op, device_type)
                  if i.dtypes is None or dtype_name(x.dtype) in i.dtypes]
         if chain and getattr(chain[0].fn, SELF_CHECKING, False):
-            cache[(device, x.dtype)] = chain[0].fn  # it takes every call: no predicate chain per call
+            store(device, x.dtype, chain[0].fn)  # it takes every call: no predicate chain per call
             return chain[0].fn(*args, **kwargs)
-        res = REGISTRY.resolve(op, device.type, dtype_name(x.dtype), args, kwargs)
+        res = REGISTRY.resolve(op, device_type, dtype_name(x.dtype), args, kwargs)
         if res.impl is None:
             return _run_fallback(op, res, current_policy(fallback), args, kwargs)
         upto = chain[: chain.index(res.impl) + 1] if res.impl in chain else [res.impl]
         if all(i.supports is None for i in upto):
-            cache[(device, x.dtype)] = res.impl.fn
+            store(device, x.dtype, res.impl.fn)
         else:
-            cache[(device, x.dtype)] = _guarded(chain)
+            store(device, x.dtype, _guarded(chain))
         return res.impl.fn(*args, **kwargs)
 
-    def dispatch(x: torch.Tensor, *args: Any, fallback: Optional[str] = None, **kwargs: Any) -> Any:
-        fn = cache.get((x.device, x.dtype))
+    def dispatch(*args: Any, fallback: Optional[str] = None, **kwargs: Any) -> Any:
+        # The hot path is the cached call. ``*args`` whole (not ``x, *args``) is passed on as it came, with
+        # no tuple rebuilt, and no ``**kwargs`` when there are none (an empty one still costs torch's
+        # argument parser); is_cuda / is_cpu are bools, where x.device would build a torch.device per call.
+        try:
+            x = args[0]
+        except IndexError:  # the input passed as ``x=``, as the signature ``(x, *args, ...)`` allowed
+            if "x" not in kwargs:
+                raise TypeError(f"{op}() missing 1 required positional argument: 'x'") from None
+            x = kwargs.pop("x")
+            args = (x,)
+        if x.is_cuda:
+            fn = cuda.get(x.dtype)
+        elif x.is_cpu:
+            fn = cpu.get(x.dtype)
+        else:
+            fn = other.get((x.device, x.dtype))  # not x.device.type: building that str costs more
         if fn is None:
-            return slow(x, (x, *args), kwargs, fallback)
-        return fn(x, *args, **kwargs)
+            return slow(x, args, kwargs, fallback)
+        if kwargs:
+            return fn(*args, **kwargs)
+        return fn(*args)
 
     opdef = REGISTRY.get(op)
     dispatch.__name__ = op

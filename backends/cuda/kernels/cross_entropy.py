@@ -168,12 +168,21 @@ class CrossEntropyFunction(torch.autograd.Function):
         return ce_backward(x2, t, lse, per_row).view(ctx.shape), None, None, None
 
 
+#: routing's per-op floors: inputs below them go to torch without the predicate (routing.floors)
+_FLOORS = routing.floors()
+
+
 @self_checking
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy`` for every call: the kernel for ``input [rows, classes]``, class-index
     ``target [rows]``, no weight and no label smoothing where :mod:`routing` allows, else torch's."""
-    if supports_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing) is None:
+    try:
+        small = input.numel() < _FLOORS["cross_entropy"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if not small and supports_cross_entropy(input, target, weight, ignore_index, reduction,
+                                            label_smoothing) is None:
         mode = routing.mode(input)
         if routing.decide("cross_entropy", input.dtype, mode, input.numel()):
             if mode == "train":

@@ -392,13 +392,22 @@ def _eps(input: torch.Tensor, eps: Optional[float]) -> float:
     return torch.finfo(input.dtype).eps if eps is None else float(eps)
 
 
+#: routing's per-op floors (routing.floors): each wrapper compares the input's size with its op's first;
+#: below it the call is torch's whatever the dtype, the mode and the predicate would say
+_FLOORS = routing.floors()
+
+
 @self_checking
 def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the trailing ``normalized_shape`` dims, for every call: the kernel where
     :func:`~hal.backends.cuda.kernels.supports_layer_norm` accepts the call and :mod:`routing` says so,
     else ``F.layer_norm`` itself."""
-    if supports_layer_norm(input, normalized_shape, weight, bias) is None:
+    try:
+        small = input.numel() < _FLOORS["layer_norm"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if not small and supports_layer_norm(input, normalized_shape, weight, bias) is None:
         mode = routing.mode(input, weight, bias)
         if routing.decide("layer_norm", input.dtype, mode, input.numel()):
             if mode == "train":
@@ -412,7 +421,11 @@ def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optio
              eps: Optional[float] = None) -> torch.Tensor:
     """``F.rms_norm`` over the trailing ``normalized_shape`` dims (eps None: the dtype's machine eps), for
     every call: the kernel where the predicate and :mod:`routing` allow, else torch's rms_norm."""
-    if supports_rms_norm(input, normalized_shape, weight) is None:
+    try:
+        small = input.numel() < _FLOORS["rms_norm"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if not small and supports_rms_norm(input, normalized_shape, weight) is None:
         mode = routing.mode(input, weight)
         if routing.decide("rms_norm", input.dtype, mode, input.numel()):
             if mode == "train":
@@ -426,7 +439,11 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  weight: Optional[torch.Tensor] = None, eps: Optional[float] = None):
     """``h = input + residual``; returns ``(rms_norm(h), h)`` in one pass, for every call: the kernel
     where the predicate and :mod:`routing` allow, else the unfused torch sequence."""
-    if supports_add_rms_norm(input, residual, normalized_shape, weight) is None:
+    try:
+        small = input.numel() < _FLOORS["add_rms_norm"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if not small and supports_add_rms_norm(input, residual, normalized_shape, weight) is None:
         mode = routing.mode(input, residual, weight)
         if routing.decide("add_rms_norm", input.dtype, mode, input.numel()):
             if mode == "train":

@@ -19,6 +19,15 @@ kernel) and ``torch`` (every call goes to torch). Table format::
 
 Thresholds are non-negative integers (0: always the kernel) or null (never the kernel). A
 malformed table raises :class:`RoutingTableError` with a one-line message.
+
+The kernel wrappers' fast path: :func:`floors` gives, per op, the smallest threshold of the table over
+every dtype and both modes. An input with fewer elements than that goes to torch whatever its dtype, its
+mode and the kernel's predicate, so a wrapper compares ``input.numel()`` with it before anything else
+and runs the predicate, :func:`mode` and :func:`decide` (which stays the contract) only at or above it:
+the fast path skips only work whose answer is already known to be "torch". It is per op, not per
+(op, dtype), because reading ``input.dtype`` costs as much again as ``numel()``. The dict is updated in
+place whenever a table is installed (:func:`reload`, :func:`using`); before the first table is loaded
+every floor is 0 ("ask": the full path, whose :func:`decide` loads the table).
 """
 from __future__ import annotations
 
@@ -44,6 +53,8 @@ _NEVER = 1 << 62  # threshold stored for null: no tensor has that many elements
 _table: Optional[dict] = None
 #: (op, torch.dtype | dtype name, mode) -> threshold, for the hot path
 _fast: dict = {}
+#: op -> min(threshold over DTYPES and MODES): the live dict :func:`floors` hands out (identity kept)
+_floors: dict = {op: 0 for op in OPS}
 
 
 class RoutingTableError(HalError, ValueError):
@@ -119,9 +130,12 @@ def _install(t: dict) -> None:
     for (op, dt, mode), v in t["thresholds"].items():
         fast[(op, dt, mode)] = v
         fast[(op, DTYPES[dt], mode)] = v
+    th = t["thresholds"]
+    floors = {op: min(th[(op, dt, m)] for dt in DTYPES for m in MODES) for op in OPS}
     _table = t
     _fast.clear()
     _fast.update(fast)
+    _floors.update(floors)  # in place, same keys: the wrappers hold this dict
 
 
 def reload(spec: Optional[str] = None) -> dict:
@@ -153,6 +167,17 @@ def using(doc: Union[dict, str]) -> Iterator[dict]:
     finally:
         assert prev is not None
         _install(prev)
+
+
+def floors() -> dict:
+    """``{op: elements}``: per op, the smallest threshold of the table in use over every dtype and both
+    modes (null stored as a number no tensor reaches). ``numel < floors()[op]`` means :func:`decide`
+    answers False for every dtype and mode, so the call can go to torch without asking it; at or above
+    it, ask (the predicate, :func:`mode`, :func:`decide`). 0 for every op until a table is loaded.
+
+    The same dict object is returned every time and updated in place by :func:`reload` and
+    :func:`using`, so a kernel wrapper may bind it once, at import."""
+    return _floors
 
 
 def mode(*tensors: Optional[torch.Tensor]) -> str:

@@ -89,11 +89,19 @@ class SiluAndMulFunction(torch.autograd.Function):
         return silu_and_mul_backward(dy, x)
 
 
+#: routing's per-op floors: inputs below them go to torch without the predicate (routing.floors)
+_FLOORS = routing.floors()
+
+
 @self_checking
 def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     """``F.silu(a) * b`` with ``a, b = input.chunk(2, dim=-1)``, for every call: the kernel where
     :func:`~hal.backends.cuda.kernels.supports_silu_and_mul` and :mod:`routing` allow, else torch."""
-    if supports_silu_and_mul(input) is None:
+    try:
+        small = input.numel() < _FLOORS["silu_and_mul"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if not small and supports_silu_and_mul(input) is None:
         mode = routing.mode(input)
         if routing.decide("silu_and_mul", input.dtype, mode, input.numel()):
             if mode == "train":

@@ -141,23 +141,44 @@ class SoftmaxFunction(torch.autograd.Function):
 
 
 def _softmax_call(op: str, log: bool, input: torch.Tensor, dim: int, dtype: Optional[torch.dtype]):
+    """The full path: the predicate, :func:`routing.mode` and :func:`routing.decide`."""
     if supports_softmax(input, dim, dtype) is None:
         mode = routing.mode(input)
         if routing.decide(op, input.dtype, mode, input.numel()):
             if mode == "train":
                 return SoftmaxFunction.apply(input, log, dtype)
             return softmax_forward(input, log, dtype)
-    return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
+    fn = torch.log_softmax if log else torch.softmax
+    return fn(input, dim) if dtype is None else fn(input, dim, dtype=dtype)
+
+
+#: routing's per-op floors (routing.floors): the public wrappers compare the input's size with the op's
+#: first; below it the call is torch's whatever the dtype, the mode and the predicate, so it goes there
+#: with one tensor query and a dict lookup. (``dtype=None`` is not passed on to torch: the keyword costs
+#: torch's argument parser time and selects the same overload.)
+_FLOORS = routing.floors()
 
 
 @self_checking
 def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.softmax(input, dim, dtype=dtype)`` for every call: the kernel over the last dim where
     :func:`~hal.backends.cuda.kernels.supports_softmax` and :mod:`routing` allow, else torch's."""
+    try:
+        small = input.numel() < _FLOORS["softmax"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if small:
+        return torch.softmax(input, dim) if dtype is None else torch.softmax(input, dim, dtype=dtype)
     return _softmax_call("softmax", False, input, dim, dtype)
 
 
 @self_checking
 def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.log_softmax(input, dim, dtype=dtype)`` for every call (as :func:`softmax`)."""
+    try:
+        small = input.numel() < _FLOORS["log_softmax"]  # below: torch, any dtype and mode
+    except AttributeError:  # not a tensor: the predicate says so
+        small = False
+    if small:
+        return torch.log_softmax(input, dim) if dtype is None else torch.log_softmax(input, dim, dtype=dtype)
     return _softmax_call("log_softmax", True, input, dim, dtype)
