@@ -9,7 +9,9 @@
 # Writes directly in $OUT: h200_kernels.log, env.json, routing.json, bench_kernels.json,
 # e2e_gpt2small.json, kern_timing.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
 # ...) are installed first when present. Each step has its own time limit; a failing step does not
-# stop the rest; the exit status is the number of failed steps.
+# stop the rest; the exit status is the number of failed steps. H200_STEPS picks steps (comma-separated:
+# tests,forced,sweep,bench,e2e,timing,dispatch; default all); without the sweep, the benchmarks route by
+# the shipped table (backends/cuda/kernels/routing.json).
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -25,28 +27,47 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 $PY -c "import liger_kernel.transformers.functional; print('liger ok')" || echo "liger_kernel not importable: liger_us will be null"
 
+if want tests; then
 step "GPU tests (kernels forced by their module; the fused head; the backend)"
 run 110 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -n 8 -p no:cacheprovider -p no:randomly \
-    tests/test_triton_kernels.py tests/test_kernel_routing.py tests/test_linear_cross_entropy.py tests/test_cuda_backend.py
+    tests/test_triton_kernels.py tests/test_kernel_routing.py tests/test_linear_cross_entropy.py tests/test_cuda_backend.py \
+    tests/test_ops.py
+fi
+if want forced; then
 step "the backend's training step with every call on the kernels (HAL_CUDA_ROUTING=triton)"
 run 30 env HAL_CUDA_ROUTING=triton $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly tests/test_cuda_backend.py \
     -k "training_step or routes_to_triton"
+fi
 
+ROUTING=backends/cuda/kernels/routing.json
+if want sweep; then
 step "raw Triton sweep -> routing table"
-run 90 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json"
+run 90 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json" && ROUTING=$OUT/routing.json
+fi
 
-step "eager kernel benchmark (routing: $OUT/routing.json)"
+if want dispatch; then
+step "host cost of hal.ops over torch, through the kernel wrappers routed to torch (routing: $ROUTING)"
+run 90 env HAL_CUDA_ROUTING="$ROUTING" $PY benchmarks/bench_dispatch.py --device cuda --out "$OUT/bench_dispatch_cuda.json"
+fi
+
+if want bench; then
+step "eager kernel benchmark (routing: $ROUTING)"
 # the JSON is rewritten after every kernel: a time limit loses the kernels not reached (issue 23's first)
-run 140 env HAL_CUDA_ROUTING="$OUT/routing.json" $PY benchmarks/bench_kernels.py --eager --compile-budget-s 30 \
+run 140 env HAL_CUDA_ROUTING="$ROUTING" $PY benchmarks/bench_kernels.py --eager --compile-budget-s 30 \
     --kernels layer_norm,rms_norm,linear_cross_entropy,cross_entropy,softmax,log_softmax,add_rms_norm,silu_and_mul \
     --json "$OUT/bench_kernels.json"
+fi
 
+if want e2e; then
 step "gpt2-small bf16 training: hal vs torch vs torch.compile"
-run 90 env HAL_CUDA_ROUTING="$OUT/routing.json" $PY benchmarks/bench_e2e.py --config gpt2-small --dtype bfloat16 \
+run 90 env HAL_CUDA_ROUTING="$ROUTING" $PY benchmarks/bench_e2e.py --config gpt2-small --dtype bfloat16 \
     --steps 12 --warmup 3 --json "$OUT/e2e_gpt2small.json"
+fi
 
+if want timing; then
 step "wide-row norm backward, cross_entropy 32000, decode host time (tests/test_triton_kernels.py's report)"
 run 40 $PY tests/test_triton_kernels.py "$OUT/kern_timing.json"
+fi
 
 step done
 ls -la "$OUT"
