@@ -13,6 +13,11 @@ Measures, side by side in one run and on the same workload (default: hal.models 
 
 Variants run interleaved, round by round (1 warm-up round, ``--repeats`` timed rounds, median),
 so background load affects them alike. Goal: shadow + stats <= 4x plain.
+
+``--device cuda`` (the GPU machine): the workload is built there and each step ends with a
+synchronisation; the tool's pass runs twice, its float64 shadows and statistics on the device (what a
+float64-capable device gets) and on the CPU (``HAL_PRECISION_SHADOW_DEVICE=cpu``); the naive and the
+float64 reference variants are CPU-only (the reference run is always on the CPU) and are left out.
 Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.json).
 """
 from __future__ import annotations
@@ -27,9 +32,15 @@ import time
 import torch
 
 
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _step(w, batch, tracer=None) -> float:
-    """One timed training step, optionally inside ``tracer`` (a dispatch mode)."""
+    """One timed training step, optionally inside ``tracer`` (a dispatch mode), synchronised."""
     w.optimizer.zero_grad(set_to_none=True)
+    _sync()
     t0 = time.perf_counter()
     if tracer is None:
         loss = w.forward_loss(batch)
@@ -39,7 +50,22 @@ def _step(w, batch, tracer=None) -> float:
             loss = w.forward_loss(batch)
             loss.backward()
     w.optimizer.step()
+    _sync()
     return time.perf_counter() - t0
+
+
+def _shadow_on(where: str, make):
+    """``make`` with the float64 shadows' home forced to ``where`` ("device" | "cpu") for the tracer."""
+    from hal.conformance.precision import shadow
+
+    def made():
+        if where == "cpu":
+            os.environ[shadow.ENV_SHADOW_DEVICE] = "cpu"
+        else:
+            os.environ.pop(shadow.ENV_SHADOW_DEVICE, None)
+        shadow._HOMES.clear()
+        return make()
+    return made
 
 
 def _program_bench(script: str, rest: list) -> int:
@@ -63,6 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda (see the module docstring)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-elements", type=int, default=1 << 15)
     p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
@@ -78,7 +105,7 @@ def main(argv=None) -> int:
     overrides = {"batch_size": args.batch_size}
     if args.model in ("gpt", "moe"):
         overrides["seq_len"] = args.seq_len
-    w = get_workload(args.model, config=args.config, **overrides).build("cpu", torch.float32, seed=0)
+    w = get_workload(args.model, config=args.config, **overrides).build(args.device, torch.float32, seed=0)
     batch = w.example_batch()
     n_params = sum(p.numel() for p in w.model.parameters())
 
@@ -89,8 +116,12 @@ def main(argv=None) -> int:
         "shadow + stats (ours)": lambda: StepTracer(w.model, "target", shadow=True, sample=True,
                                                     max_elements=args.max_elements, record_module_outputs=True),
     }
-    if args.skip_naive:
+    if args.skip_naive or args.device != "cpu":
         del variants["naive shadow (full, no cache)"]
+    if args.device != "cpu":
+        ours = variants.pop("shadow + stats (ours)")
+        variants["shadow + stats (ours)"] = _shadow_on("device", ours)
+        variants["shadow + stats (ours, float64 on the CPU)"] = _shadow_on("cpu", ours)
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state
@@ -99,9 +130,10 @@ def main(argv=None) -> int:
     widen_optimizer_state(ref.optimizer)
     rb = to_reference(batch)
     variants = [(name, w, batch, make) for name, make in variants.items()]
-    variants += [("float64 reference step", ref, rb, Widen64Mode),
-                 ("float64 reference step, traced (samples kept)", ref, rb,
-                  lambda: StepTracer(ref.model, "reference", max_elements=args.max_elements))]
+    if args.device == "cpu":
+        variants += [("float64 reference step", ref, rb, Widen64Mode),
+                     ("float64 reference step, traced (samples kept)", ref, rb,
+                      lambda: StepTracer(ref.model, "reference", max_elements=args.max_elements))]
     # interleaved rounds (round 0 is the warm-up): background load hits every variant alike
     times = {name: [] for name, *_ in variants}
     for i in range(args.repeats + 1):
@@ -120,22 +152,23 @@ def main(argv=None) -> int:
                         "min_ratio_to_plain": min(runs) / base_min, "runs_s": runs}
     print(f"{args.model}:{args.config} batch {args.batch_size}"
           + (f" x {args.seq_len} tokens" if args.model in ("gpt", "moe") else "")
-          + f", {n_params / 1e6:.1f}M parameters, float32, {args.threads} CPU threads, "
+          + f", {n_params / 1e6:.1f}M parameters, float32 on {args.device}, {args.threads} CPU threads, "
           f"median of {args.repeats}, max_elements {args.max_elements}")
     print(tabulate(rows, headers=["variant", "median s", "vs plain", "min s", "min vs plain", "runs s"], tablefmt="github"))
     ref_key = "float64 reference step, traced (samples kept)"
-    full = result["shadow + stats (ours)"]["median_s"] + result[ref_key]["median_s"]
-    full_min = result["shadow + stats (ours)"]["min_s"] + result[ref_key]["min_s"]
-    result["full comparison step (ours + traced reference)"] = {
-        "median_s": full, "ratio_to_plain": full / base, "min_s": full_min, "min_ratio_to_plain": full_min / base_min}
-    print(f"full comparison step (ours + traced reference): median {full:.3f} s ({full / base:.2f}x), "
-          f"min {full_min:.3f} s ({full_min / base_min:.2f}x)")
+    if ref_key in result:
+        full = result["shadow + stats (ours)"]["median_s"] + result[ref_key]["median_s"]
+        full_min = result["shadow + stats (ours)"]["min_s"] + result[ref_key]["min_s"]
+        result["full comparison step (ours + traced reference)"] = {
+            "median_s": full, "ratio_to_plain": full / base, "min_s": full_min, "min_ratio_to_plain": full_min / base_min}
+        print(f"full comparison step (ours + traced reference): median {full:.3f} s ({full / base:.2f}x), "
+              f"min {full_min:.3f} s ({full_min / base_min:.2f}x)")
     ours = result["shadow + stats (ours)"]["ratio_to_plain"]
     ours_min = result["shadow + stats (ours)"]["min_ratio_to_plain"]
     print(f"goal: shadow + stats <= 4x plain -> median {ours:.2f}x, min {ours_min:.2f}x "
           f"({'met' if max(ours, ours_min) <= 4 else 'NOT met'}); on a shared machine the min is the "
           "better estimate of uncontended cost")
-    doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config,
+    doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config, "device": args.device,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
            "repeats": args.repeats, "max_elements": args.max_elements, "parameters": n_params,
            "torch": torch.__version__, "machine": platform.processor() or platform.machine(),

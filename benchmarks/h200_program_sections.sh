@@ -5,14 +5,14 @@
 # benchmark of both sections on that script, and the profiler-activity breakdown.
 #
 # Usage, from the project root on the H200 host:  OUT=/some/dir bash benchmarks/h200_program_sections.sh
-# Writes $OUT/reports/h200/audit-cuda-autocast-script/{audit.json,audit.md,audit.html,audit.sarif,trace.json,
+# Writes $OUT/audit-cuda-autocast-script/{audit.json (copy it to reports/h200/),audit.md,audit.html,audit.sarif,trace.json,
 # stdout.txt,exit_code.txt,env.json,gpus.csv}, $OUT/bench_program_sections_cuda.json,
 # $OUT/bench_profiler_configs_cuda.json and $OUT/h200_program_sections.log. Carried wheels in .whl/ are
-# installed first. H200_STEPS=tests,audit,bench,profiler picks steps (default: all). The exit status is the
+# installed first. H200_STEPS=tests,audit,bench,steady,profiler picks steps (default: all). The exit status is the
 # number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
-D=$OUT/reports/h200/audit-cuda-autocast-script
+D=$OUT/audit-cuda-autocast-script  # the device tool returns folders only a few levels deep
 mkdir -p "$D"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -52,6 +52,13 @@ fi
 if want bench; then
   step "overhead of --precision (cold, warm, warm with CPU shadows) and --profile on the script"
   run 240 $PY benchmarks/bench_program_sections.py --device cuda --repeats 2 --out "$OUT/bench_program_sections_cuda.json"
+fi
+
+if want steady; then
+  step "steady-state cost of the shadowed step in one process (warmed-up, float64 on the device vs on the CPU)"
+  run 120 $PY benchmarks/bench_precision.py --device cuda --config gpt2-small --batch-size 8 --seq-len 256 \
+      --repeats 3 --out "$OUT/bench_precision_cuda_gpt2small.json"
+  run 60 $PY benchmarks/bench_precision.py --device cuda --config tiny --repeats 3 --out "$OUT/bench_precision_cuda_tiny.json"
 fi
 
 if want profiler; then
