@@ -125,12 +125,12 @@ def main(argv=None) -> int:
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state
-    ref = copy.deepcopy(w)
-    ref.model.to(torch.float64)
-    widen_optimizer_state(ref.optimizer)
-    rb = to_reference(batch)
     variants = [(name, w, batch, make) for name, make in variants.items()]
     if args.device == "cpu":
+        ref = copy.deepcopy(w)
+        ref.model.to(torch.float64)
+        widen_optimizer_state(ref.optimizer)
+        rb = to_reference(batch)
         variants += [("float64 reference step", ref, rb, Widen64Mode),
                      ("float64 reference step, traced (samples kept)", ref, rb,
                       lambda: StepTracer(ref.model, "reference", max_elements=args.max_elements))]

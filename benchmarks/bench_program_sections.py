@@ -10,8 +10,9 @@ Each repeat makes, interleaved (background load hits every variant alike), the r
 * ``warm``: ``--precision`` with the window opened after one optimizer step (both runs), so the
   shadowed and compared step is a warmed-up one: against the warmed-up plain step this is the
   steady-state cost of the comparison (goal <= 4x);
-* ``warm, CPU shadow`` (only where the float64 shadows run on the device): the same with
-  ``HAL_PRECISION_SHADOW_DEVICE=cpu``, the previous design (every shadow and statistic on the CPU);
+* where the float64 shadows run on the device, both windows again with ``HAL_PRECISION_SHADOW_DEVICE=cpu``
+  (every shadow and statistic on the CPU, the previous design) and with
+  ``HAL_PRECISION_STATS_DEVICE=cpu`` (shadows on the device, the batched statistics on the CPU);
 * profile: the median profiled step against the median plain step of the cold run's profile child
   (plain steps run first, before any profiler); goal <= 1.2x.
 
@@ -93,18 +94,24 @@ def main(argv=None) -> int:
                "profile_ratio_min": prof["min"] / plain["min"],
                "precision_verdict": pr["verdict"], "precision_warm_verdict": warm["precision"].get("verdict")}
         if any(d != "cpu" for d in tw.get("shadow_device") or []):
-            cpu, _ = _sections(a, 1, False, {"HAL_PRECISION_SHADOW_DEVICE": "cpu"})
-            tcpu = _timing(cpu["precision"])
-            row.update({"cpu_shadow_warm_window_ms": tcpu.get("window_ms"),
-                        "cpu_shadow_statistics_ms": tcpu.get("statistics_ms"),
-                        "precision_warm_cpu_shadow_vs_plain_median":
-                            tcpu["window_ms"] / plain["median"] if tcpu.get("window_ms") else None})
+            for tag, env in (("cpu_shadow", {"HAL_PRECISION_SHADOW_DEVICE": "cpu"}),
+                             ("cpu_stats", {"HAL_PRECISION_STATS_DEVICE": "cpu"})):
+                for warm_steps, kind in ((1, "warm"), (0, "cold")):
+                    v, _ = _sections(a, warm_steps, False, env)
+                    tv = _timing(v["precision"])
+                    row.update({f"{tag}_{kind}_window_ms": tv.get("window_ms"),
+                                f"{tag}_{kind}_statistics_ms": tv.get("statistics_ms"),
+                                f"precision_{kind}_{tag}_vs_plain_median":
+                                    tv["window_ms"] / plain["median"] if tv.get("window_ms") else None})
         rows.append(row)
         print(f"repeat {i}: {json.dumps(row)}", file=sys.stderr)
     keys = [("precision_vs_first_step", "cold window / first plain step", ""),
             ("precision_vs_plain_median", "cold window / plain step", ""),
             ("precision_warm_vs_plain_median", "warm window / plain step", "<= 4"),
             ("precision_warm_cpu_shadow_vs_plain_median", "warm window, CPU shadow / plain step", ""),
+            ("precision_warm_cpu_stats_vs_plain_median", "warm window, device shadow, CPU statistics / plain step", ""),
+            ("precision_cold_cpu_shadow_vs_plain_median", "cold window, CPU shadow / plain step", ""),
+            ("precision_cold_cpu_stats_vs_plain_median", "cold window, device shadow, CPU statistics / plain step", ""),
             ("profile_ratio_median", "profiled / plain step (medians)", "<= 1.2"),
             ("profile_ratio_min", "profiled / plain step (minima)", "<= 1.2")]
     keys = [k for k in keys if any(r.get(k[0]) is not None for r in rows)]

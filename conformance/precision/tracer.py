@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -42,6 +43,8 @@ _SKIP = {
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
 _META_KEY = "hal_precision_module"
+#: ``cpu``: judge the queued comparisons on the CPU even where the shadows ran on the device
+ENV_STATS_DEVICE = "HAL_PRECISION_STATS_DEVICE"
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
@@ -204,6 +207,8 @@ class StepTracer(TorchDispatchMode):
         pending, self._pending = self._pending, []
         devices = {q.target.device for _, _, q in pending}
         dev = float64_home(devices.pop()) if len(devices) == 1 else torch.device("cpu")
+        if os.environ.get(ENV_STATS_DEVICE, "").strip().lower() == "cpu":
+            dev = torch.device("cpu")
         reqs = [q for _, _, q in pending]
         prev = self._internal
         self._internal = True  # the statistics' own ops are not the program's
