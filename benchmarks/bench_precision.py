@@ -15,8 +15,8 @@ Variants run interleaved, round by round (1 warm-up round, ``--repeats`` timed r
 so background load affects them alike. Goal: shadow + stats <= 4x plain.
 
 ``--device cuda`` (the GPU machine): the workload is built there and each step ends with a
-synchronisation; the tool's pass runs twice, its float64 shadows and statistics on the device (what a
-float64-capable device gets) and on the CPU (``HAL_PRECISION_SHADOW_DEVICE=cpu``); the naive and the
+synchronisation; the tool's pass runs twice, its float64 shadows and statistics on the CPU (the
+default) and on the device (``HAL_PRECISION_SHADOW_DEVICE=device``); the naive and the
 float64 reference variants are CPU-only (the reference run is always on the CPU) and are left out.
 Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.json).
 """
@@ -59,10 +59,7 @@ def _shadow_on(where: str, make):
     from hal.conformance.precision import shadow
 
     def made():
-        if where == "cpu":
-            os.environ[shadow.ENV_SHADOW_DEVICE] = "cpu"
-        else:
-            os.environ.pop(shadow.ENV_SHADOW_DEVICE, None)
+        os.environ[shadow.ENV_SHADOW_DEVICE] = where
         shadow._HOMES.clear()
         return make()
     return made
@@ -120,8 +117,8 @@ def main(argv=None) -> int:
         del variants["naive shadow (full, no cache)"]
     if args.device != "cpu":
         ours = variants.pop("shadow + stats (ours)")
-        variants["shadow + stats (ours)"] = _shadow_on("device", ours)
-        variants["shadow + stats (ours, float64 on the CPU)"] = _shadow_on("cpu", ours)
+        variants["shadow + stats (ours)"] = _shadow_on("cpu", ours)
+        variants["shadow + stats (ours, float64 on the device)"] = _shadow_on("device", ours)
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state

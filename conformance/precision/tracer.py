@@ -12,9 +12,9 @@ whose output is a floating-point tensor (views, copies and factories excluded) i
   (inherited + introduced), and with ``shadow=True`` the *local* error against a float64 shadow
   of the op on its actual inputs (introduced only), plus which earlier records produced its
   inputs (for first-divergence blame). While the step runs, each op only queues its comparisons
-  (samples copied where the op ran, shadows on :func:`shadow.float64_home`: on a float64-capable
-  device nothing leaves it and nothing synchronises); :meth:`StepTracer.finalize`, called on exit,
-  judges them all at once (:func:`metrics.error_stats_many`) and fills ``local``/``total``.
+  (target samples copied where the op ran, shadows on :func:`shadow.float64_home`);
+  :meth:`StepTracer.finalize`, called on exit, judges them all at once
+  (:func:`metrics.error_stats_many`) and fills ``local``/``total``.
 
 Module outputs are recorded the same way by forward hooks (``kind="module"``). Not thread-safe;
 use one tracer per model and step. Hooks are removed on exit.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,8 +42,6 @@ _SKIP = {
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
 _META_KEY = "hal_precision_module"
-#: ``cpu``: judge the queued comparisons on the CPU even where the shadows ran on the device
-ENV_STATS_DEVICE = "HAL_PRECISION_STATS_DEVICE"
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
@@ -207,8 +204,6 @@ class StepTracer(TorchDispatchMode):
         pending, self._pending = self._pending, []
         devices = {q.target.device for _, _, q in pending}
         dev = float64_home(devices.pop()) if len(devices) == 1 else torch.device("cpu")
-        if os.environ.get(ENV_STATS_DEVICE, "").strip().lower() == "cpu":
-            dev = torch.device("cpu")
         reqs = [q for _, _, q in pending]
         prev = self._internal
         self._internal = True  # the statistics' own ops are not the program's
