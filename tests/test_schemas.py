@@ -69,6 +69,12 @@ SHAPES: dict[str, dict] = {
         "type": "array", "minItems": 1, "items": _req(
             "kernel", "dtype", "shape", "direction", "timing", "hal_us", "torch_us", "liger_us", "compile_us",
             direction={"enum": ["fwd", "bwd"]}, timing={"enum": ["device", "wall"]})}),
+    # the same rows from an earlier commit's run (the suffix names it)
+    "reports/cuda/bench_kernels-*.json": _req("mode", "environment", "command", "rows", "targets", rows={
+        "type": "array", "minItems": 1, "items": _req("kernel", "dtype", "shape", "direction", "timing", "hal_us",
+                                                      "torch_us")}),
+    # benchmarks/bench_dispatch.py --device cuda: per section, per call, hal.ops against torch
+    "reports/cuda/bench_dispatch_*.json": _req("environment", "results", results={"type": "object", "minProperties": 1}),
     "reports/cuda/e2e_gpt2small.json": _req("speedup_vs_torch", "speedup_vs_compile", "median_ms", "loss_curves",
                                             "loss_max_rel_diff", "environment"),
     "reports/cuda/routing.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
@@ -77,6 +83,8 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/launch-experiment-*/routing-*.json": _req("measured", "default", "ops", "sweep"),
     "reports/h200/*/env.json": ENV_FINGERPRINT,
     "reports/h200/program-sections/bench_program_sections_*.json": _req("script", "device", "summary", "repeats"),
+    "reports/h200/program-sections/bench_profiler_configs_*.json": _req("device", "step_ms", "ratio_vs_plain",
+                                                                        "environment", "method"),
     "reports/cuda/*bench_collectives.json": _req("command", "rows", "world_size", "versions", rows={"type": "array"}),
     "reports/collectives/soak-*.json": _req("command", "torch", "runs", "summary", runs={"type": "array"}),
     "reports/startup/bench_startup-*.json": _req("label", "environment", "results", "failures"),
