@@ -174,3 +174,16 @@ def test_a_float_fill_without_a_dtype_runs_in_the_float64_reference(tmp_path):
     assert p["not_compared"][0].startswith("the float64 reference run ended early (error: TypeError: this model runs "
                                            "in float32 only") and "target run was ok" in p["not_compared"][0]
     assert "ended early" in r.stdout
+
+
+def test_a_warmed_up_window_compares_a_later_step(tmp_path):
+    """``precision_warm_steps`` (the overhead benchmark's warmed-up window): both runs let that many
+    optimizer steps pass before the compared window opens, and the comparison is still complete."""
+    s = wa.program_sections({"target": str(NAIVE), "kind": "script", "device": "cpu", "args": ["--stable"],
+                             "steps": 3, "precision": True, "profile": False, "out": str(tmp_path), "timeout": 300,
+                             "precision_warm_steps": 1}, [])
+    p = s["precision"]
+    assert p["verdict"] == "pass", p.get("error") or p.get("first_divergence")
+    assert p["target"]["compared_window"] == "optimizer step 2 (the first 1 not compared)"
+    assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4
+    assert p["target"]["timing"]["window_ms"] > 0 and p["target"]["timing"]["statistics_ms"] > 0

@@ -450,24 +450,33 @@ class ProgramPrecision:
                                          "run's (data order not reproducible): totals not compared")
             if self.role == "reference" and module not in self.converted:
                 self._convert(module)
-        if self.window == "not started" and self.optimizer_steps >= self.warm_steps:
-            self._open()
+        if self.window == "not started":
+            if self.optimizer_steps >= self.warm_steps:
+                self._open()
+            elif self.role == "reference":
+                self._start_tracer(recording=False)  # the float64 run needs its mode from the first forward on
 
     def _convert(self, module: torch.nn.Module) -> None:
         with self._internal():
             module.to(torch.float64)
             self.converted.add(module)
 
+    def _start_tracer(self, recording: bool) -> None:
+        """Enter the run's tracer (once); ``recording`` says whether it records from now on."""
+        if self.tracer is None:
+            samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
+            self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
+                                         max_elements=SCRIPT_MAX_ELEMENTS)
+            self.tracer.__enter__()
+            self.mode_active = True
+        self.tracer.recording = recording
+
     def _open(self) -> None:
         import time
         self.t_open = time.perf_counter()
         self._backwards_at_open = self.backwards
-        samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
-        self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
-                                     max_elements=SCRIPT_MAX_ELEMENTS)
         self.window = "open"
-        self.tracer.__enter__()
-        self.mode_active = True
+        self._start_tracer(recording=True)
 
     def _close(self, why: str) -> None:
         if self.window != "open":
@@ -507,7 +516,8 @@ class ProgramPrecision:
                         self.grads[name] = self._sample(p.grad)
                 self.grads_at_backward = self.backwards
             self._pending_params = True
-            self._close("the first optimizer step")
+            self._close("the first optimizer step" if not self.warm_steps else
+                        f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
 
     def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
         import time
