@@ -214,3 +214,41 @@ def test_bench_kernels_and_e2e_cpu_dry_runs(tmp_path):
         h = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=root, capture_output=True,
                            text=True, timeout=120)
         assert h.returncode == 0 and "--device" in h.stdout
+
+
+def _kernel_wrapper_parameters() -> dict:
+    """``{op: [(name, default source or None), ...]}`` of each CUDA kernel wrapper, read from the source
+    (the modules import Triton, which CI does not have)."""
+    import ast
+    from pathlib import Path
+
+    from hal.backends.cuda import kernels
+    folder = Path(kernels.__file__).parent
+    out = {}
+    for op, (module, fn, _pred) in kernels.KERNELS.items():
+        tree = ast.parse((folder / f"{module}.py").read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn)
+        args = node.args.args
+        defaults = [None] * (len(args) - len(node.args.defaults)) + [ast.unparse(d) for d in node.args.defaults]
+        out[op] = [(a.arg, d) for a, d in zip(args, defaults)]
+    return out
+
+
+def test_cuda_kernel_wrappers_take_the_references_arguments_in_their_order():
+    """``hal.ops.<op>(x, a, b)`` must mean the same on every device: each CUDA wrapper's positional
+    parameters start with its op's reference's (the CPU implementation and what a fallback runs), same
+    names, same order, same defaults; it may add keywords after them. (The cross_entropy wrapper once
+    took ``ignore_index`` fourth, where ``F.cross_entropy`` takes ``size_average``.)"""
+    import inspect
+
+    from hal.ops import torch_impl
+    for op, params in _kernel_wrapper_parameters().items():
+        ref = torch_impl.OPS[op][2]
+        try:
+            sig = inspect.signature(ref)
+        except (TypeError, ValueError):  # a builtin (torch.softmax): no Python signature to compare
+            continue
+        want = [(p.name, None if p.default is inspect.Parameter.empty else repr(p.default))
+                for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        got = [(n, None if d is None else repr(eval(d, {"torch": torch}))) for n, d in params[:len(want)]]
+        assert got == want, f"{op}: the CUDA wrapper's parameters {params} do not start with the reference's {want}"

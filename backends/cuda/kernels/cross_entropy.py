@@ -174,13 +174,17 @@ _FLOORS = routing.floors()
 
 @self_checking
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
-    """``F.cross_entropy`` for every call: the kernel for ``input [rows, classes]``, class-index
-    ``target [rows]``, no weight and no label smoothing where :mod:`routing` allows, else torch's."""
+                  size_average: Optional[bool] = None, ignore_index: int = -100, reduce: Optional[bool] = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy`` for every call, with its arguments in its order: the kernel for ``input [rows,
+    classes]``, class-index ``target [rows]``, no weight, no label smoothing and no legacy
+    ``size_average``/``reduce`` where :mod:`routing` allows, else torch's."""
     try:
         small = input.numel() < _FLOORS["cross_entropy"]  # below: torch, any dtype and mode
     except AttributeError:  # not a tensor: the predicate says so
         small = False
+    if size_average is not None or reduce is not None:  # the legacy spelling of reduction: torch's own
+        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
     if not small and supports_cross_entropy(input, target, weight, ignore_index, reduction,
                                             label_smoothing) is None:
         mode = routing.mode(input)
