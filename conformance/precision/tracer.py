@@ -170,7 +170,7 @@ class StepTracer(TorchDispatchMode):
         self.compute_dtype = compute_dtype
         #: comparisons queued by the step, judged by :meth:`finalize`: (record, "local" | "total", request)
         self._pending: List[Tuple[OpRecord, str, StatsRequest]] = []
-        #: milliseconds the last :meth:`finalize` took (the deferred statistics)
+        #: milliseconds :meth:`finalize` has taken, all calls together (the deferred statistics)
         self.finalize_ms = 0.0
 
     # -- module hooks ---------------------------------------------------------------------
