@@ -185,20 +185,20 @@ class Shadow:
         the op raises in float64 (the caller records it as an unshadowed op).
         """
         name = func.overloadpacket.__name__
-        self.homes.add(str(float64_home(out.device)))
+        home = float64_home(out.device)
+        self.homes.add(str(home))
         if name in _DEVICE_ATTENTION:
             if out_index != 0:
                 raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
             return out, _attention64(name, args, kwargs, self.cache), "full"
         big = self.sample and out.numel() > self.max_elements
         if big and out_index == 0:
-            fast = self._sampled(func, name, args, kwargs, out)
+            fast = self._sampled(func, name, args, kwargs, out, home)
             if fast is not None:
                 return fast
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        home = float64_home(out.device)
         a64 = map_leaves(lambda x: _float64_args(x, self.cache, home), args)
         k64 = map_leaves(lambda x: _float64_args(x, self.cache, home), kwargs)
         res = func(*a64, **k64)
@@ -216,9 +216,8 @@ class Shadow:
             return None
         return rows, on_device(("rows", n_rows, last, self.max_elements), (rows,), device)[0], n_rows, last
 
-    def _sampled(self, func, name, args, kwargs, out):
+    def _sampled(self, func, name, args, kwargs, out, home):
         c = self.cache
-        home = float64_home(out.device)
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
