@@ -8,6 +8,8 @@ Measures, side by side in one run and on the same workload (default: hal.models 
   compared in full (no upcast cache, no sampling);
 * ``shadow + stats``: the tool's target pass: float64 shadows with the upcast cache, fused
   one-pass statistics and sampled giant outputs (``max_elements`` per tensor);
+* ``dispatch mode only``: the step under a pass-through ``TorchDispatchMode`` (each op called, nothing
+  else): the floor any per-op interceptor in Python pays, shadow or not;
 * ``float64 reference step`` (plain, and traced keeping the per-op samples): the reference
   side, reported for context; a full comparison step costs ours + the traced reference.
 
@@ -30,6 +32,7 @@ import statistics
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _sync() -> None:
@@ -52,6 +55,13 @@ def _step(w, batch, tracer=None) -> float:
     w.optimizer.step()
     _sync()
     return time.perf_counter() - t0
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that only calls each op: what one Python call per op costs, before any shadow."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 def _shadow_on(where: str, make):
@@ -108,6 +118,7 @@ def main(argv=None) -> int:
 
     variants = {
         "plain": lambda: None,
+        "dispatch mode only (pass-through: the floor of any per-op interceptor)": _PassThrough,
         "naive shadow (full, no cache)": lambda: StepTracer(w.model, "target", shadow=True, sample=False,
                                                             cache_bytes=0, record_module_outputs=False),
         "shadow + stats (ours)": lambda: StepTracer(w.model, "target", shadow=True, sample=True,

@@ -8,7 +8,7 @@
 # Writes $OUT/audit-cuda-autocast-script/{audit.json (copy it to reports/h200/),audit.md,audit.html,audit.sarif,trace.json,
 # stdout.txt,exit_code.txt,env.json,gpus.csv}, $OUT/bench_program_sections_cuda.json,
 # $OUT/bench_profiler_configs_cuda.json and $OUT/h200_program_sections.log. Carried wheels in .whl/ are
-# installed first. H200_STEPS=tests,audit,bench,steady,profiler picks steps (default: all). The exit status is the
+# installed first. H200_STEPS=tests,audit,bench,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit status is the
 # number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 if want tests; then
   step "precision tests on CUDA (float64 shadows and batched statistics on the device; the CUDA smoke audits)"
   run 150 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly \
-      tests/test_precision_batched.py tests/test_cuda_smoke.py
+      tests/test_precision_batched.py tests/test_cuda_smoke.py tests/test_profile_attribution.py
 fi
 
 if want audit; then
@@ -54,11 +54,16 @@ if want bench; then
   run 240 $PY benchmarks/bench_program_sections.py --device cuda --repeats 2 --out "$OUT/bench_program_sections_cuda.json"
 fi
 
-if want steady; then
-  step "steady-state cost of the shadowed step in one process (warmed-up, float64 on the device vs on the CPU)"
-  run 120 $PY benchmarks/bench_precision.py --device cuda --config gpt2-small --batch-size 8 --seq-len 256 \
-      --repeats 3 --out "$OUT/bench_precision_cuda_gpt2small.json"
-  run 60 $PY benchmarks/bench_precision.py --device cuda --config tiny --repeats 3 --out "$OUT/bench_precision_cuda_tiny.json"
+# steady-state cost of the shadowed step in one process (warmed up; float64 on the device vs on the CPU; the
+# pass-through dispatch mode's floor): a host-bound step (gpt tiny) and a larger one (gpt2-small shapes)
+if want steady-tiny; then
+  step "steady-state shadowed step, gpt tiny (host-bound)"
+  run 90 $PY benchmarks/bench_precision.py --device cuda --config tiny --repeats 3 --out "$OUT/bench_precision_cuda_tiny.json"
+fi
+if want steady-gpt2; then
+  step "steady-state shadowed step, gpt2-small shapes"
+  run 200 $PY benchmarks/bench_precision.py --device cuda --config gpt2-small --batch-size 4 --seq-len 128 \
+      --repeats 2 --out "$OUT/bench_precision_cuda_gpt2small.json"
 fi
 
 if want profiler; then
@@ -68,4 +73,6 @@ fi
 
 step done
 echo "failed steps: $failed"
+# one archive of the audit folder (the device tool brings back a few files, not deep folders)
+tar czf "$OUT/audit-cuda-autocast-script.tgz" -C "$OUT" audit-cuda-autocast-script && rm -rf "$D"
 exit $failed

@@ -34,7 +34,7 @@ from typing import Any, Optional
 #: optimizer steps (or forwards) of the precision runs of a program target when --steps is not given
 PROGRAM_PRECISION_STEPS = 3
 #: profiled (and plain) steps of a program target's profile run when --steps is not given (the run is
-#: bounded at 2 + 2 x steps: warm-up, plain, analysis, profiled)
+#: bounded by hal.conformance.profiling.script.run_bound: warm-up, plain, profiled, attribution, analysis)
 PROGRAM_PROFILE_STEPS = 2
 
 
@@ -280,9 +280,10 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
         if want_p:
             out["precision"] = _program_precision(request, workdir, info, run_device, note)
         if want_f:
+            from hal.conformance.profiling.script import run_bound
             steps = request.get("steps") or PROGRAM_PROFILE_STEPS
             def profile_run(name: str) -> dict:
-                return _run_program(request, workdir, name, run_device, 2 + 2 * steps, profile_program=True,
+                return _run_program(request, workdir, name, run_device, run_bound(steps), profile_program=True,
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
             # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
             # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box): a crashed run is run again, twice at most

@@ -43,3 +43,23 @@ def test_model_audit_on_cuda_with_precision_and_profile(tmp_path):
     assert p["verified"] and p["verdict"] == "pass", p.get("verdict_reasons") or p
     assert prof["verified"] and any((o.get("device_ms") or 0) > 0 for o in prof["ops"])
     assert prof["memory"]["peak_bytes"] > 0
+
+
+def test_script_profile_on_cuda_times_the_device_activity_and_attributes_kernels_to_ops(tmp_path):
+    fixture = ROOT / "tests" / "fixtures" / "precision" / "cuda_autocast_train.py"
+    r = run_cli("hal-audit", str(fixture), "--device", "cuda", "--profile", "--steps", "2", "--out", str(tmp_path),
+                "--format", "json", "--", "--iters", "12", "--batch", "4", "--seq", "32", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    f = json.loads((tmp_path / "audit.json").read_text())["profile"]
+    assert f["verified"] and f["errors"] == [], f
+    assert [m for m in f["not_measured"] if "crashed before this one" not in m] == [], f
+    assert f["activities"] == ["CPU", "CUDA"] and f["schedule"]["attribution_steps"] == 1
+    att = f["device_attribution"]
+    assert att["timed_activities"] == ["CUDA"] and att["attributed_pct"] > 90, att
+    on_device = {o["op"]: o for o in f["ops"] if (o["device_ms"] or 0) > 0}
+    assert {"aten::addmm", "aten::mm"} & set(on_device), sorted(on_device)
+    # the ops' device time is the timed steps' kernel time, less what no op of the attribution step launched
+    assert sum(o["device_ms"] for o in f["ops"]) == pytest.approx(att["device_ms_total"] - att["unattributed_ms"],
+                                                                rel=1e-6)
+    trace = json.loads((tmp_path / f["trace"]).read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in trace) and any(e.get("cat") == "cpu_op" for e in trace)

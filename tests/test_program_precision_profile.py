@@ -77,7 +77,10 @@ def test_stable_control_passes_against_the_float64_run(stable):
 def test_script_profile_has_ops_trace_memory_and_copies(stable):
     out, r, doc = stable
     f = doc["profile"]
-    assert f["verified"] is False and f["not_measured"] == [] and f["errors"] == []
+    # torch.profiler itself crashes a child now and then (SIGSEGV stopping a session, about 1 run in 5 here): the
+    # run is retried and the retry said in not_measured; nothing else may be missing
+    assert f["verified"] is False and f["errors"] == []
+    assert [m for m in f["not_measured"] if "crashed before this one" not in m] == []
     assert f["steps"] == 2 and len(f["step_ms"]["all"]) == 2 and f["overhead_ratio"] > 0
     ops = {o["op"]: o for o in f["ops"]}
     assert ops["aten::addmm"]["calls"] == 2 * 2 and ops["aten::addmm"]["flops"] > 0

@@ -5,18 +5,23 @@ Procedure (the order is the contract; every figure in the result comes from one 
 1. **Warm-up**: ``warmup`` untimed steps, then ``backend.synchronize()``.
 2. **Plain timing**: ``steps`` steps, each between two backend events (device events on an
    accelerator, host clock on the CPU) and synchronised: ``step_ms``.
-3. **Profiled steps**: ``torch.profiler`` with the CPU activity plus the backend's device activity
-   (``backend.profiler_activity``: ``CUDA``, ``PrivateUse1`` for MLU; none on the CPU), one
-   profiler warm-up step and ``steps`` recorded steps, no shapes, stacks or memory (the cheap
-   configuration): per-op calls, inclusive and self host time, self device time, runtime sync
-   calls and memcpy events; the Chrome trace ``trace.json``; ``profiled_step_ms``.
+3. **Profiled steps**: ``torch.profiler``, one profiler warm-up step and ``steps`` recorded, timed
+   steps, no shapes, stacks or memory (the cheap configuration): ``profiled_step_ms``. On the CPU
+   (no device activity) they record the CPU activity: per-op calls, inclusive and self host time,
+   runtime sync calls, the Chrome trace ``trace.json``. On an accelerator
+   (``backend.profiler_activity``: ``CUDA``, ``PrivateUse1`` for MLU) they record the device
+   activity only (kernels, memcpy events), and one more untimed *attribution step* records the
+   CPU and device activities: per-op calls and host times, runtime sync calls, ``trace.json``, and
+   the kernel -> op links that give each op its device time of the timed steps
+   (:mod:`.attribution`; ``device_attribution`` in the result).
 4. **Analysis step** (:mod:`.analysis`): one step under FlopCounterMode and a dispatch mode for
    FLOPs, bytes and dtype per op, and the host-device copies and sync points with their module and
    source line (stack capture here costs the timed steps nothing).
 5. **Memory step** (:func:`hal.models.measure.measure_peak`): the measured peak of one step beside
    the estimate, when one is given.
 
-Times in ``ops`` are totals over the ``steps`` profiled steps; ``flops``/``bytes`` are per step;
+Times in ``ops`` are totals over the ``steps`` profiled steps (host times on an accelerator: over the
+attribution step; ``definitions`` says which); ``flops``/``bytes`` are per step;
 ``share`` is the op's self time (device when recorded, else host) over the summed step time.
 Nothing here touches ``torch.cuda``: timing, synchronisation and memory go through the backend.
 Not thread-safe (the profiler is per process).
@@ -25,22 +30,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 
 from hal.backend import Backend
+from hal.conformance.profiling import attribution
 from hal.conformance.profiling.analysis import analyse_step
 from hal.conformance.profiling.roofline import resolve_peaks, roofline_row
 
 TRACE_FILE = "trace.json"
 #: profiler range around the harness's own synchronisation (left out of the sync count)
 HARNESS_RANGE = "[hal profiling] harness sync"
-#: an operator row of the profiler ("aten::addmm", "hal::rms_norm"); kernel names are not ops
-_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z0-9_.]+$")
-_MEMCPY = ("Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoH", "Memcpy DtoD")
 
 DEFINITIONS = {
     "calls": "number of calls over the profiled steps",
@@ -72,6 +74,57 @@ DEFINITIONS = {
     "step_ms": "plain (unprofiled) step time between backend events, synchronised, after warm-up",
     "overhead_ratio": "median profiled step / median plain step",
 }
+
+
+#: what changes in ``DEFINITIONS`` when the timed steps recorded the device activity only
+_DEVICE_TIMED = {
+    "calls": "number of calls in the attribution step (one untimed step recorded with the CPU and device "
+             "activities, after the timed profiled steps)",
+    "total_ms": "host time inclusive of child ops in the attribution step",
+    "self_ms": "host time in the op itself in the attribution step (dispatch, argument checks, launch)",
+    "device_ms": "device time of the kernels the op launched, summed over the timed profiled steps (which "
+                 "recorded the device activity only): each kernel name's time split over the ops that "
+                 "launched it in the attribution step, in proportion (see device_attribution)",
+    "syncs": "ops that block the host until the device catches up (item/float/bool on a device tensor, "
+             "nonzero, masked_select, blocking device->host copies), located like copies; plus "
+             "runtime_calls, the device runtime's synchronize calls in the attribution step (the harness's "
+             "own synchronisation excluded)",
+}
+
+
+def definitions(device: Optional[dict]) -> dict:
+    """The ``definitions`` of a profile section; ``device``: :func:`device_split`'s dict when the
+    timed steps recorded the device activity only (else None)."""
+    return dict(DEFINITIONS, **(_DEVICE_TIMED if device is not None else {}))
+
+
+def device_attribution(device: Optional[dict], timed: list[str]) -> dict:
+    """The section's ``device_attribution``: how ops got their device time. ``timed``: the
+    activities of the timed steps."""
+    if device is None:
+        return {"method": "operator self device time in the timed profiled steps", "timed_activities": timed,
+                "attribution_steps": 0}
+    unattributed = device["unattributed_us"]
+    top = sorted(unattributed, key=lambda k: -unattributed[k])[:10]
+    total = device["total_us"]
+    return {"method": "timed steps: device activity only; each kernel name's device time split over the ops "
+                      "that launched it in one untimed attribution step (CPU + device activities)",
+            "timed_activities": timed, "attribution_steps": 1,
+            "device_ms_total": total / 1e3,
+            "unattributed_ms": sum(unattributed.values()) / 1e3,
+            "attributed_pct": (100.0 * (1 - sum(unattributed.values()) / total)) if total > 0 else None,
+            "unattributed_kernels": [{"name": k[:200], "ms": unattributed[k] / 1e3} for k in top]}
+
+
+def overhead_note(device_timed: bool) -> str:
+    """What the timed profiled steps recorded and where the rest of the figures come from."""
+    if device_timed:
+        return ("timed profiled steps ran under torch.profiler with the device activity only (no operator "
+                "events, shapes, stacks or memory); host times per op and the kernel -> op links come from one "
+                "untimed attribution step (CPU + device activities), FLOPs, bytes and source locations from one "
+                "separate analysis step")
+    return ("timed profiled steps ran under torch.profiler with the CPU activity only (no shapes, stacks or "
+            "memory); FLOPs, bytes and source locations come from one separate analysis step")
 
 
 def _activities(backend: Backend) -> tuple[list, list[str], str]:
@@ -137,19 +190,26 @@ def _runtime_syncs(events: Iterable[Any]) -> dict[str, int]:
 def profiled_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, acts: list,
                    trace_path: Optional[str] = None) -> dict:
     """Pass 3 of the module docstring: one profiler warm-up step and ``steps`` recorded, timed
-    steps under ``torch.profiler`` with ``acts``. Returns ``{"averages": key averages,
-    "runtime_syncs": {runtime call: count} (the harness's own excluded), "step_ms": [...]}``.
-    Writes the Chrome trace to ``trace_path`` when given."""
+    steps under ``torch.profiler``. With the CPU activity alone (``acts`` of one), those steps give
+    everything. With a device activity too, the timed steps record the device activity only and one
+    more, untimed attribution step records both (:mod:`.attribution`: operator events cost the host
+    a few µs per op, most of the profiler's overhead on a host-bound accelerator step).
+
+    Returns ``{"averages": key averages (of the attribution step when there is one),
+    "runtime_syncs": {runtime call: count} (the harness's own excluded; attribution step),
+    "step_ms": [...], "device": :func:`device_split`'s dict or None}``. Writes the Chrome trace
+    (the attribution step's, else the timed steps') to ``trace_path`` when given."""
     from torch.profiler import profile, schedule
     captured: dict = {}
+    timed_acts = acts[1:] if len(acts) > 1 else acts
 
     def ready(prof: Any) -> None:
         captured["averages"] = prof.key_averages()
-        captured["runtime_syncs"] = _runtime_syncs(prof.events())
-        if trace_path:
+        captured["events"] = prof.events()
+        if trace_path and len(acts) == 1:
             prof.export_chrome_trace(trace_path)
 
-    with profile(activities=acts, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+    with profile(activities=timed_acts, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                  on_trace_ready=ready) as prof:
         step_fn()
         backend.synchronize()
@@ -157,7 +217,28 @@ def profiled_steps(step_fn: Callable[[], Any], backend: Backend, steps: int, act
         times = timed_steps(step_fn, backend, steps, around=prof.step, mark=True)
     if "averages" not in captured:  # pragma: no cover - schedule did not complete
         ready(prof)
-    return {"averages": captured["averages"], "runtime_syncs": captured["runtime_syncs"], "step_ms": times}
+    if len(acts) == 1:
+        return {"averages": captured["averages"], "runtime_syncs": _runtime_syncs(captured["events"]),
+                "step_ms": times, "device": None}
+    with profile(activities=acts) as full:
+        step_fn()
+        with torch.profiler.record_function(HARNESS_RANGE):
+            backend.synchronize()
+    if trace_path:
+        full.export_chrome_trace(trace_path)
+    events = full.events()
+    return {"averages": full.key_averages(), "runtime_syncs": _runtime_syncs(events), "step_ms": times,
+            "device": device_split(captured["events"], events)}
+
+
+def device_split(timed_events: Iterable[Any], attribution_events: Iterable[Any]) -> dict:
+    """Device time of the timed steps (device activity only) per operator, through the attribution
+    step's kernel -> operator links (:mod:`.attribution`): ``{"per_op_us", "unattributed_us" (per
+    kernel name), "total_us", "memcpy" ({name: count} in the timed steps)}``."""
+    times = attribution.device_event_times(timed_events)
+    per_op, unattributed = attribution.attribute(times, attribution.kernel_owners(attribution_events))
+    return {"per_op_us": per_op, "unattributed_us": unattributed,
+            "total_us": sum(r["us"] for r in times.values()), "memcpy": attribution.memcpy_counts(times)}
 
 
 def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
@@ -179,17 +260,26 @@ def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
     return 2.0 * nbytes / secs, "measured now: 64 MiB pageable host->device + device->host round trip"
 
 
-def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_ms: float) -> tuple[list, dict]:
+def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_ms: float,
+             device: Optional[dict] = None) -> tuple[list, dict]:
+    """Operator rows of ``averages`` (``key_averages()``) and ``{"memcpy_events", "memcpy_names"}``.
+    ``device`` (:func:`device_split`'s dict, timed steps recorded with the device activity only):
+    ``device_ms`` and the memcpy counts come from it, not from ``averages``."""
     rows, runtime = [], {"memcpy_events": 0, "memcpy_names": {}}
+    if device is not None:
+        runtime = {"memcpy_events": sum(device["memcpy"].values()), "memcpy_names": dict(device["memcpy"])}
     for a in averages:
         key = a.key
-        if key.startswith(_MEMCPY):
+        if device is None and key.startswith(attribution.MEMCPY):
             runtime["memcpy_events"] += int(a.count)
             runtime["memcpy_names"][key] = int(a.count)
-        if not _OP_NAME.match(key):
+        if not attribution.OP_NAME.match(key):
             continue
         self_ms = float(a.self_cpu_time_total) / 1e3
-        dev = _device_self_us(a) / 1e3 if has_device else None
+        if device is not None:
+            dev = device["per_op_us"].get(key, 0.0) / 1e3
+        else:
+            dev = _device_self_us(a) / 1e3 if has_device else None
         op_time = dev if has_device else self_ms
         rows.append({"op": key, "calls": int(a.count), "total_ms": float(a.cpu_time_total) / 1e3,
                      "self_ms": self_ms, "device_ms": dev, "host_ms": self_ms,
@@ -240,7 +330,7 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
         trace_rel, trace_path = TRACE_FILE, os.path.join(out_dir, TRACE_FILE)
     recorded = profiled_steps(step_fn, backend, steps, acts, trace_path)
     profiled = recorded["step_ms"]
-    rows, runtime = _op_rows(recorded["averages"], has_device, steps, sum(profiled))
+    rows, runtime = _op_rows(recorded["averages"], has_device, steps, sum(profiled), recorded["device"])
 
     analysis = analyse_step(step_fn, model)
     dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}
@@ -285,12 +375,11 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
                      "dtypes": sorted(dtypes),
                      "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
         "trace": trace_rel,
-        "overhead_note": ("timed steps ran under torch.profiler with activities only (no shapes, stacks or "
-                          "memory); FLOPs, bytes and source locations come from one separate analysis "
-                          "step, memory from one separate measured step"),
+        "overhead_note": overhead_note(has_device) + "; memory from one separate measured step",
         "timing": {"method": "backend events around each step, backend.synchronize() after",
                    "warmup": warmup, "repeats": steps, "statistic": "median"},
-        "definitions": dict(DEFINITIONS),
+        "device_attribution": device_attribution(recorded["device"], act_names[1:] or act_names),
+        "definitions": definitions(recorded["device"]),
     }
 
 

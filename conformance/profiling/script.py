@@ -9,11 +9,16 @@ top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 1. step 1: warm-up (untimed);
 2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
    accelerator the backend's peak memory over these steps;
-3. steps 2+P .. 1+2P: ``torch.profiler`` with the CPU activity and the backend's device activity,
-   cheap configuration (no shapes, stacks or memory): per-op host and device time, runtime sync
-   calls, memcpy events, the Chrome trace ``trace.json`` (taken when the profiler stops, at a step
-   boundary, outside every timed step);
-4. step 2+2P: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
+3. steps 2+P .. 1+2P: timed steps under ``torch.profiler``, cheap configuration (no shapes, stacks
+   or memory). On the CPU they record the CPU activity: per-op host time, runtime sync calls, the
+   Chrome trace ``trace.json`` (taken when the profiler stops, at a step boundary, outside every
+   timed step). On an accelerator they record the backend's device activity only (kernels,
+   memcpy events: the CPU activity's operator events are most of the profiler's cost on a
+   host-bound step), and
+3a. step 2+2P (accelerator only): the attribution step (untimed), CPU and device activities: per-op
+   calls and host time, runtime sync calls, ``trace.json``, and the kernel -> op links that give
+   each op its device time of the timed steps (:mod:`.attribution`);
+4. the next step: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
    per op, host-device copies and sync points located by module and source line
    (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
 
@@ -36,7 +41,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-SCHEDULE = ("warm-up", "plain", "profiled", "analysis")
+SCHEDULE = ("warm-up", "plain", "profiled", "attribution", "analysis")
+
+
+def run_bound(profile_steps: int) -> int:
+    """Steps the profile run of a program needs at most (:data:`SCHEDULE`; the attribution step only on an
+    accelerator): the bound the audit puts on that run."""
+    return 3 + 2 * int(profile_steps)
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
@@ -90,13 +101,18 @@ class ProgramProfile:
         self.P = int(spec.get("profile_steps") or 2)
         self.backend = hal.get_backend(spec.get("run_device") or "cpu")
         self.device = self.backend.torch_device()
+        from .profiler import _activities
+        self.acts, self.act_names, self.act_note = _activities(self.backend)
+        #: timed steps record the device activity only, an attribution step follows them (module docstring)
+        self.device_timed = len(self.acts) > 1
         self.step = 0          # completed steps
         self.started = False
         self.t_last = 0.0
         self.plain: List[float] = []
         self.profiled: List[float] = []
         self.first_ms: Optional[float] = None
-        self.prof = None
+        self.prof = None          # the profiler of the timed steps, then of the attribution step
+        self.timed_events: Any = None
         self.recorded: Optional[dict] = None
         self.analysis: Optional[dict] = None
         self.memory: Optional[dict] = None
@@ -168,7 +184,8 @@ class ProgramProfile:
             return
         self.step_kind = self.step_kind or kind
         if self.prof is not None:
-            with torch.profiler.record_function("[hal profiling] harness sync"):
+            from .profiler import HARNESS_RANGE
+            with torch.profiler.record_function(HARNESS_RANGE):
                 self._sync()
         else:
             self._sync()
@@ -188,6 +205,8 @@ class ProgramProfile:
                     self._end_profiler()
                 elif self.prof is not None:
                     self.prof.step()
+            elif phase == "attribution":
+                self._end_attribution()
             elif phase == "plain":
                 self.plain.append(ms)
                 if len(self.plain) == self.P:
@@ -195,6 +214,8 @@ class ProgramProfile:
             nxt = self._phase(self.step + 1)
             if nxt == "analysis":
                 self._begin_analysis()
+            elif nxt == "attribution" and self.timed_events is not None:
+                self._begin_attribution()
             elif nxt == "profiled" and self.prof is None and not self.profiled:
                 self._begin_profiler()
             elif nxt == "plain" and not self.plain:
@@ -211,7 +232,9 @@ class ProgramProfile:
             return "plain"
         if 2 + self.P <= n <= 1 + 2 * self.P:
             return "profiled"
-        if n == 2 + 2 * self.P:
+        if self.device_timed and n == 2 + 2 * self.P:
+            return "attribution"
+        if n == 2 + 2 * self.P + int(self.device_timed):
             return "analysis"
         return None
 
@@ -264,23 +287,41 @@ class ProgramProfile:
 
     def _begin_profiler(self) -> None:
         from torch.profiler import profile
-
-        from .profiler import _activities
-        acts, self.act_names, self.act_note = _activities(self.backend)
-        self.prof = profile(activities=acts)
+        self.prof = profile(activities=self.acts[1:] if self.device_timed else self.acts)
         self.prof.start()
 
     def _end_profiler(self) -> None:
-        from .profiler import _runtime_syncs
+        """Ends the timed steps' profiler: on the CPU its profile is the record; on an accelerator its
+        device events wait for the attribution step."""
         prof, self.prof = self.prof, None
         prof.stop()
         self._keep.append(prof)  # see _end_analysis
-        self.recorded = {"averages": prof.key_averages(), "runtime_syncs": _runtime_syncs(prof.events())}
+        if self.device_timed:
+            self.timed_events = prof.events()
+        else:
+            self._record(prof, None)
+
+    def _begin_attribution(self) -> None:
+        from torch.profiler import profile
+        self.prof = profile(activities=self.acts)
+        self.prof.start()
+
+    def _end_attribution(self) -> None:
+        from .profiler import device_split
+        prof, self.prof = self.prof, None
+        prof.stop()
+        self._keep.append(prof)
+        self._record(prof, device_split(self.timed_events, prof.events()))
+
+    def _record(self, prof: Any, device: Optional[dict]) -> None:
+        from .profiler import TRACE_FILE, _runtime_syncs
+        self.recorded = {"averages": prof.key_averages(), "runtime_syncs": _runtime_syncs(prof.events()),
+                         "device": device}
         out = self.spec.get("out")
         if out:
             os.makedirs(out, exist_ok=True)
-            prof.export_chrome_trace(os.path.join(out, "trace.json"))
-            self.recorded["trace"] = "trace.json"
+            prof.export_chrome_trace(os.path.join(out, TRACE_FILE))
+            self.recorded["trace"] = TRACE_FILE
 
     def _begin_memory_device(self) -> None:
         if self.device.type != "cpu":
@@ -329,9 +370,9 @@ class ProgramProfile:
             except Exception:
                 pass
         self._modes = []
-        if self.prof is not None:
+        if self.prof is not None:  # the program ended inside the timed or the attribution steps
             try:
-                self._end_profiler()
+                self._end_attribution() if self.timed_events is not None else self._end_profiler()
             except Exception as exc:
                 self.errors.append(f"profiler stop: {type(exc).__name__}: {exc}"[:400])
         return {"profile_run": self._section()}
@@ -339,25 +380,32 @@ class ProgramProfile:
     def _section(self) -> dict:
         from hal.backend import dtype_name  # noqa: F401 - keeps the import light at install time
 
-        from .profiler import DEFINITIONS, _host_device_bandwidth, _op_rows, annotate_rows
+        from .profiler import (_host_device_bandwidth, _op_rows, annotate_rows, definitions, device_attribution,
+                               overhead_note)
         from .roofline import resolve_peaks
         not_measured: List[str] = []
-        need = 2 + 2 * self.P
+        attr = int(self.device_timed)
+        need = 2 + 2 * self.P + attr
         if self.step < need:
             not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
                                 f"the schedule needs {need} (1 warm-up, {self.P} plain, {self.P} profiled, "
-                                "1 analysis): pass more iterations to the program or a larger --steps")
+                                f"{'1 attribution, ' if attr else ''}1 analysis): pass more iterations to the "
+                                "program or a larger --steps")
         if not self.started:
             not_measured.append("no module forward ran: nothing to profile")
         has_device = False
         rows: list = []
         runtime_syncs: dict = {}
         runtime = {"memcpy_events": 0, "memcpy_names": {}}
-        act_names = getattr(self, "act_names", ["CPU"])
+        act_names = self.act_names
+        device = (self.recorded or {}).get("device")
         if self.recorded is not None:
             has_device = len(act_names) > 1
-            rows, runtime = _op_rows(self.recorded["averages"], has_device, len(self.profiled), sum(self.profiled))
+            rows, runtime = _op_rows(self.recorded["averages"], has_device, len(self.profiled), sum(self.profiled),
+                                     device)
             runtime_syncs = self.recorded["runtime_syncs"]
+        elif self.timed_events is not None:
+            not_measured.append("per-op times: the attribution step (which links kernels to ops) did not complete")
         else:
             not_measured.append("per-op times: no profiled step completed")
         analysis = self.analysis or {"ops": {}, "copies": {"count": None, "locations": []},
@@ -390,9 +438,8 @@ class ProgramProfile:
         return {
             "device": props.name or self.backend.name, "backend": self.backend.name,
             "activities": act_names,
-            "activity_note": getattr(self, "act_note", "") or ("device activity recorded" if has_device else
-                                                               "CPU only: device_ms is null, host self time is the "
-                                                               "op time"),
+            "activity_note": self.act_note or ("device activity recorded" if has_device else
+                                               "CPU only: device_ms is null, host self time is the op time"),
             "steps": len(self.profiled), "warmup": 1, "step_kind": self.step_kind,
             "step_ms": {"median": plain_med, "all": self.plain, "min": min(self.plain) if self.plain else None},
             "profiled_step_ms": {"median": prof_med, "all": self.profiled,
@@ -413,15 +460,15 @@ class ProgramProfile:
                          "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
             "trace": (self.recorded or {}).get("trace"),
             "schedule": {"warmup_steps": 1, "analysis_steps": 1, "profiled_steps": self.P, "plain_steps": self.P,
+                         "attribution_steps": attr,
                          "completed_steps": self.step,
                          "step": "the program's own iteration, ended by its optimizer step (else its backward, "
                                  "else its top-level forward); the first starts at the first top-level forward"},
             "timing": {"method": "host clock at each step boundary after backend.synchronize()", "warmup": 1,
                        "repeats": self.P, "statistic": "median"},
-            "overhead_note": ("profiled steps ran under torch.profiler with activities only (no shapes, stacks or "
-                              "memory); FLOPs, bytes, source locations (and the CPU memory peak) come from one "
-                              "separate analysis step"),
+            "overhead_note": overhead_note(self.device_timed) + "; on the CPU the memory peak from the analysis step too",
+            "device_attribution": device_attribution(device, act_names[1:] if self.device_timed else act_names),
             "not_measured": not_measured, "errors": self.errors,
-            "definitions": dict(DEFINITIONS, step_ms="plain step time of the program's own loop between step "
+            "definitions": dict(definitions(device), step_ms="plain step time of the program's own loop between step "
                                 "boundaries (see schedule.step), synchronised, after warm-up and analysis"),
         }
