@@ -9,16 +9,19 @@ top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 1. step 1: warm-up (untimed);
 2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
    accelerator the backend's peak memory over these steps;
-3. steps 2+P .. 1+2P: timed steps under ``torch.profiler``, cheap configuration (no shapes, stacks
+3. on an accelerator, step 2+P: profiler warm-up (the timed steps' device tracer runs, its record is
+   dropped, as torch.profiler's ``schedule(warmup=1)`` does: the first step of a session carries its
+   start-up); ``D`` = 1 on an accelerator, 0 on the CPU;
+4. steps 2+P+D .. 1+2P+D: timed steps under ``torch.profiler``, cheap configuration (no shapes, stacks
    or memory). On the CPU they record the CPU activity: per-op host time, runtime sync calls, the
    Chrome trace ``trace.json`` (taken when the profiler stops, at a step boundary, outside every
    timed step). On an accelerator they record the backend's device activity only (kernels,
    memcpy events: the CPU activity's operator events are most of the profiler's cost on a
    host-bound step), and
-3a. step 2+2P (accelerator only): the attribution step (untimed), CPU and device activities: per-op
+5. step 2+2P+D (accelerator only): the attribution step (untimed), CPU and device activities: per-op
    calls and host time, runtime sync calls, ``trace.json``, and the kernel -> op links that give
    each op its device time of the timed steps (:mod:`.attribution`);
-4. the next step: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
+6. step 2+2P+2D: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
    per op, host-device copies and sync points located by module and source line
    (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
 
@@ -41,13 +44,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-SCHEDULE = ("warm-up", "plain", "profiled", "attribution", "analysis")
+SCHEDULE = ("warm-up", "plain", "profiler warm-up", "profiled", "attribution", "analysis")  # 3rd, 5th: accelerator only
 
 
 def run_bound(profile_steps: int) -> int:
     """Steps the profile run of a program needs at most (:data:`SCHEDULE`; the attribution step only on an
     accelerator): the bound the audit puts on that run."""
-    return 3 + 2 * int(profile_steps)
+    return 4 + 2 * int(profile_steps)  # 2 + 2P on the CPU
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
@@ -199,12 +202,14 @@ class ProgramProfile:
                 self.est = self._estimate()
             elif phase == "analysis":
                 self._end_analysis()
+            elif phase == "profiler warm-up" and self.prof is not None:
+                self.prof.step()
             elif phase == "profiled":
                 self.profiled.append(ms)
+                if self.prof is not None:
+                    self.prof.step()  # the last one ends the schedule's cycle: _timed_ready
                 if len(self.profiled) == self.P:
                     self._end_profiler()
-                elif self.prof is not None:
-                    self.prof.step()
             elif phase == "attribution":
                 self._end_attribution()
             elif phase == "plain":
@@ -216,7 +221,7 @@ class ProgramProfile:
                 self._begin_analysis()
             elif nxt == "attribution" and self.timed_events is not None:
                 self._begin_attribution()
-            elif nxt == "profiled" and self.prof is None and not self.profiled:
+            elif nxt in ("profiler warm-up", "profiled") and self.prof is None and not self.profiled:
                 self._begin_profiler()
             elif nxt == "plain" and not self.plain:
                 self._begin_memory_device()
@@ -226,15 +231,18 @@ class ProgramProfile:
         self.t_last = time.perf_counter()
 
     def _phase(self, n: int) -> Optional[str]:
+        P, dev = self.P, int(self.device_timed)  # on the CPU: no profiler warm-up, no attribution step
         if n == 1:
             return "warm-up"
-        if 2 <= n <= 1 + self.P:
+        if 2 <= n <= 1 + P:
             return "plain"
-        if 2 + self.P <= n <= 1 + 2 * self.P:
+        if dev and n == 2 + P:
+            return "profiler warm-up"
+        if 2 + P + dev <= n <= 1 + 2 * P + dev:
             return "profiled"
-        if self.device_timed and n == 2 + 2 * self.P:
+        if dev and n == 2 + 2 * P + dev:
             return "attribution"
-        if n == 2 + 2 * self.P + int(self.device_timed):
+        if n == 2 + 2 * P + 2 * dev:
             return "analysis"
         return None
 
@@ -286,20 +294,31 @@ class ProgramProfile:
                                      "profile_memory)"}
 
     def _begin_profiler(self) -> None:
-        from torch.profiler import profile
-        self.prof = profile(activities=self.acts[1:] if self.device_timed else self.acts)
+        """The timed steps' profiler. On an accelerator it starts one step early, the profiler warm-up
+        step (torch.profiler's ``schedule(warmup=1)``: the device tracer runs, its record is dropped; the
+        first step of a session carries its start-up) and hands its cycle to :meth:`_timed_ready`."""
+        from torch.profiler import profile, schedule
+        if self.device_timed:
+            self.prof = profile(activities=self.acts[1:], schedule=schedule(wait=0, warmup=1, active=self.P, repeat=1),
+                                on_trace_ready=self._timed_ready)
+        else:
+            self.prof = profile(activities=self.acts)
         self.prof.start()
 
-    def _end_profiler(self) -> None:
-        """Ends the timed steps' profiler: on the CPU its profile is the record; on an accelerator its
-        device events wait for the attribution step."""
-        prof, self.prof = self.prof, None
-        prof.stop()
-        self._keep.append(prof)  # see _end_analysis
+    def _timed_ready(self, prof: Any) -> None:
+        """The timed steps' profile: on the CPU it is the record; on an accelerator its device events wait
+        for the attribution step."""
         if self.device_timed:
             self.timed_events = prof.events()
         else:
             self._record(prof, None)
+
+    def _end_profiler(self) -> None:
+        prof, self.prof = self.prof, None
+        prof.stop()  # on an accelerator a cycle cut short by the program's end reaches _timed_ready here
+        self._keep.append(prof)  # see _end_analysis
+        if not self.device_timed:
+            self._timed_ready(prof)
 
     def _begin_attribution(self) -> None:
         from torch.profiler import profile
@@ -385,10 +404,11 @@ class ProgramProfile:
         from .roofline import resolve_peaks
         not_measured: List[str] = []
         attr = int(self.device_timed)
-        need = 2 + 2 * self.P + attr
+        need = 2 + 2 * self.P + 2 * attr
         if self.step < need:
             not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
-                                f"the schedule needs {need} (1 warm-up, {self.P} plain, {self.P} profiled, "
+                                f"the schedule needs {need} (1 warm-up, {self.P} plain, "
+                                f"{'1 profiler warm-up, ' if attr else ''}{self.P} profiled, "
                                 f"{'1 attribution, ' if attr else ''}1 analysis): pass more iterations to the "
                                 "program or a larger --steps")
         if not self.started:
@@ -460,6 +480,7 @@ class ProgramProfile:
                          "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
             "trace": (self.recorded or {}).get("trace"),
             "schedule": {"warmup_steps": 1, "analysis_steps": 1, "profiled_steps": self.P, "plain_steps": self.P,
+                         "profiler_warmup_steps": attr,
                          "attribution_steps": attr,
                          "completed_steps": self.step,
                          "step": "the program's own iteration, ended by its optimizer step (else its backward, "
