@@ -17,8 +17,8 @@ Variants run interleaved, round by round (1 warm-up round, ``--repeats`` timed r
 so background load affects them alike. Goal: shadow + stats <= 4x plain.
 
 ``--device cuda`` (the GPU machine): the workload is built there and each step ends with a
-synchronisation; the tool's pass runs twice, its float64 shadows and statistics on the CPU (the
-default) and on the device (``HAL_PRECISION_SHADOW_DEVICE=device``); the naive and the
+synchronisation; the tool's pass runs twice, its float64 shadows and statistics on the device (the
+default where the backend computes float64) and on the CPU (``HAL_PRECISION_SHADOW_DEVICE=cpu``); the naive and the
 float64 reference variants are CPU-only (the reference run is always on the CPU) and are left out.
 Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.json).
 """
@@ -126,10 +126,10 @@ def main(argv=None) -> int:
     }
     if args.skip_naive or args.device != "cpu":
         del variants["naive shadow (full, no cache)"]
-    if args.device != "cpu":
+    if args.device != "cpu":  # the default home is the device (it computes float64); the CPU beside it
         ours = variants.pop("shadow + stats (ours)")
-        variants["shadow + stats (ours)"] = _shadow_on("cpu", ours)
-        variants["shadow + stats (ours, float64 on the device)"] = _shadow_on("device", ours)
+        variants["shadow + stats (ours)"] = _shadow_on("device", ours)
+        variants["shadow + stats (ours, float64 on the CPU)"] = _shadow_on("cpu", ours)
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state

@@ -10,9 +10,8 @@ Each repeat makes, interleaved (background load hits every variant alike), the r
 * ``warm``: ``--precision`` with the window opened after one optimizer step (both runs), so the
   shadowed and compared step is a warmed-up one: against the warmed-up plain step this is the
   steady-state cost of the comparison (goal <= 4x);
-* on a device that may compute float64 itself (``--device cuda``), both windows again with
-  ``HAL_PRECISION_SHADOW_DEVICE=device`` (float64 shadows and statistics on the device instead of the
-  CPU);
+* on a device that computes float64 itself (``--device cuda``), where the float64 shadows and the
+  statistics run by default, both windows again with ``HAL_PRECISION_SHADOW_DEVICE=cpu`` (on the CPU);
 * profile: the median profiled step against the median plain step of the cold run's profile child
   (plain steps run first, before any profiler); goal <= 1.2x.
 
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
                "profile_ratio_min": prof["min"] / plain["min"],
                "precision_verdict": pr["verdict"], "precision_warm_verdict": warm["precision"].get("verdict")}
         if a.device not in ("cpu", "mlu"):  # a device that may compute float64 itself: its shadows there too
-            for tag, env in (("device_shadow", {"HAL_PRECISION_SHADOW_DEVICE": "device"}),):
+            for tag, env in (("cpu_shadow", {"HAL_PRECISION_SHADOW_DEVICE": "cpu"}),):
                 for warm_steps, kind in ((1, "warm"), (0, "cold")):
                     v, _ = _sections(a, warm_steps, False, env)
                     tv = _timing(v["precision"])
@@ -107,8 +106,8 @@ def main(argv=None) -> int:
     keys = [("precision_vs_first_step", "cold window / first plain step", ""),
             ("precision_vs_plain_median", "cold window / plain step", ""),
             ("precision_warm_vs_plain_median", "warm window / plain step", "<= 4"),
-            ("precision_warm_device_shadow_vs_plain_median", "warm window, float64 on the device / plain step", ""),
-            ("precision_cold_device_shadow_vs_plain_median", "cold window, float64 on the device / plain step", ""),
+            ("precision_warm_cpu_shadow_vs_plain_median", "warm window, float64 on the CPU / plain step", ""),
+            ("precision_cold_cpu_shadow_vs_plain_median", "cold window, float64 on the CPU / plain step", ""),
             ("profile_ratio_median", "profiled / plain step (medians)", "<= 1.2"),
             ("profile_ratio_min", "profiled / plain step (minima)", "<= 1.2")]
     keys = [k for k in keys if any(r.get(k[0]) is not None for r in rows)]

@@ -4,8 +4,8 @@
 results must not depend on how requests are grouped (padding, buckets, chunks) and must match the
 metric definitions computed element by element. The tracer queues comparisons while the step runs
 and judges them on exit, so a sample must keep the value an op produced even when the program
-later changes that tensor in place. The float64 shadow runs on the CPU unless the device's backend
-computes float64 natively and ``HAL_PRECISION_SHADOW_DEVICE=device`` asks for it (the CUDA test runs
+later changes that tensor in place. The float64 shadow runs on the device when its backend computes
+float64 natively, unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU (the CUDA test runs
 on the GPU machine and skips elsewhere with the backend's reason).
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_deferred_comparisons_keep_the_value_the_op_produced():
 def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monkeypatch):
     assert float64_home(torch.device("cpu")) == torch.device("cpu")
     monkeypatch.setattr("hal.conformance.precision.shadow._HOMES", {})
-    monkeypatch.setenv(ENV_SHADOW_DEVICE, "device")
+    monkeypatch.delenv(ENV_SHADOW_DEVICE, raising=False)
     assert float64_home(torch.device("meta")) == torch.device("cpu")  # no backend for it: the CPU
     from hal.backends.mlu import MluBackend
     # an MLU computes float64 as float32 (torch_mlu): its float64 shadow would be no reference
@@ -137,14 +137,14 @@ def _cuda_reason() -> str:
 
 
 @pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
-def test_on_cuda_shadows_run_on_the_cpu_unless_the_device_is_asked_for(monkeypatch):
+def test_on_cuda_shadows_run_on_the_device_unless_the_cpu_is_asked_for(monkeypatch):
     dev = torch.device("cuda", torch.cuda.current_device())
-    monkeypatch.delenv(ENV_SHADOW_DEVICE, raising=False)
+    monkeypatch.setenv(ENV_SHADOW_DEVICE, "cpu")
     _HOMES.clear()
     assert float64_home(dev) == torch.device("cpu")
-    monkeypatch.setenv(ENV_SHADOW_DEVICE, "device")
+    monkeypatch.delenv(ENV_SHADOW_DEVICE, raising=False)
     _HOMES.clear()
-    assert float64_home(dev) == dev  # CUDA computes float64 natively
+    assert float64_home(dev) == dev  # CUDA computes float64 natively: the default home
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to(dev)
     x = torch.randn(32, 64, device=dev)
     tr = StepTracer(m, "target")
