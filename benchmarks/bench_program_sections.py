@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SCRIPT = os.path.join(HERE, os.pardir, "tests", "fixtures", "precision", "cuda_autocast_train.py")
 
 
-def _sections(a, precision_warm_steps: int, profile: bool, env: dict) -> tuple:
+def _sections(a, precision_warm_steps: int, profile: bool, env: dict, precision: bool = True) -> tuple:
     from hal.conformance.workload_audit import program_sections
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -43,7 +43,7 @@ def _sections(a, precision_warm_steps: int, profile: bool, env: dict) -> tuple:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             s = program_sections({"target": a.script, "kind": "script", "device": a.device, "args": a.script_args,
-                                  "steps": a.steps, "precision": True, "profile": profile, "out": tmp,
+                                  "steps": a.steps, "precision": precision, "profile": profile, "out": tmp,
                                   "timeout": 900, "precision_warm_steps": precision_warm_steps}, [])
             return s, time.perf_counter() - t0
     finally:
@@ -67,12 +67,25 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="profiled (and plain) steps; precision runs' bound")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="out/bench_program_sections.json")
+    p.add_argument("--profile-only", action="store_true",
+                   help="only the profile section (its overhead ratio over more repeats, quicker)")
     p.add_argument("script_args", nargs="*", default=["--iters", "20", "--batch", "8", "--seq", "64"])
     a = p.parse_args(argv)
     if not os.path.isfile(a.script):
         p.error(f"--script {a.script}: no such file")
     rows = []
     for i in range(a.repeats):
+        if a.profile_only:
+            pf = _sections(a, 0, True, {}, precision=False)[0]["profile"]
+            if "step_ms" not in pf:
+                p.exit(3, f"{p.prog}: the profile was not produced: {pf.get('error')}\n")
+            plain, prof = pf["step_ms"], pf["profiled_step_ms"]
+            rows.append({"repeat": i, "plain_step_ms_median": plain["median"], "profiled_step_ms_median": prof["median"],
+                         "profile_ratio_median": prof["median"] / plain["median"],
+                         "profile_ratio_min": prof["min"] / plain["min"],
+                         "device_attribution": pf.get("device_attribution")})
+            print(f"repeat {i}: {json.dumps(rows[-1])}", file=sys.stderr)
+            continue
         cold, wall = _sections(a, 0, True, {})
         pr, pf = cold["precision"], cold["profile"]
         if "target" not in pr or "step_ms" not in pf:

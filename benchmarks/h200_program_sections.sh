@@ -8,7 +8,7 @@
 # Writes $OUT/audit-cuda-autocast-script/{audit.json (copy it to reports/h200/),audit.md,audit.html,audit.sarif,trace.json,
 # stdout.txt,exit_code.txt,env.json,gpus.csv}, $OUT/bench_program_sections_cuda.json,
 # $OUT/bench_profiler_configs_cuda.json and $OUT/h200_program_sections.log. Carried wheels in .whl/ are
-# installed first. H200_STEPS=tests,audit,bench,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit status is the
+# installed first. H200_STEPS=tests,audit,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit status is the
 # number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -64,6 +64,12 @@ if want steady-gpt2; then
   step "steady-state shadowed step, gpt2-small shapes"
   run 200 $PY benchmarks/bench_precision.py --device cuda --config gpt2-small --batch-size 4 --seq-len 128 \
       --repeats 2 --out "$OUT/bench_precision_cuda_gpt2small.json"
+fi
+
+if want profile-repeats; then
+  step "the profile section's overhead ratio over more repeats (profile only, 5 timed steps each)"
+  run 150 $PY benchmarks/bench_program_sections.py --device cuda --profile-only --repeats 6 --steps 5 \
+      --out "$OUT/bench_program_sections_profile_cuda.json" -- --iters 40 --batch 8 --seq 64
 fi
 
 if want profiler; then
