@@ -5,10 +5,13 @@
 # benchmark of both sections on that script, and the profiler-activity breakdown.
 #
 # Usage, from the project root on the H200 host:  OUT=/some/dir bash benchmarks/h200_program_sections.sh
-# Writes $OUT/audit-cuda-autocast-script/{audit.json (copy it to reports/h200/),audit.md,audit.html,audit.sarif,trace.json,
-# stdout.txt,exit_code.txt,env.json,gpus.csv}, $OUT/bench_program_sections_cuda.json,
-# $OUT/bench_profiler_configs_cuda.json and $OUT/h200_program_sections.log. Carried wheels in .whl/ are
-# installed first. H200_STEPS=tests,audit,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit status is the
+# Writes $OUT/audit-cuda-autocast-script.tgz (the audit folder: audit.json, audit.md, audit.html, audit.sarif,
+# trace.json, stdout.txt, exit_code.txt, env.json, gpus.csv; unpack it under reports/h200/),
+# $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
+# $OUT/bench_precision_cuda_{tiny,gpt2small}.json, $OUT/bench_profiler_configs_cuda.json and
+# $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first.
+# H200_STEPS=tests,audit,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit
+# status is the
 # number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}

@@ -83,6 +83,10 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/launch-experiment-*/routing-*.json": _req("measured", "default", "ops", "sweep"),
     "reports/h200/*/env.json": ENV_FINGERPRINT,
     "reports/h200/program-sections/bench_program_sections_*.json": _req("script", "device", "summary", "repeats"),
+    # benchmarks/bench_precision.py --device cuda: the shadowed step in steady state, beside plain and the floor
+    "reports/h200/program-sections/bench_precision_*.json": _req("benchmark", "model", "config", "device", "results",
+                                                                 "goal_met", results={"type": "object",
+                                                                                      "minProperties": 3}),
     "reports/h200/program-sections/bench_profiler_configs_*.json": _req("device", "step_ms", "ratio_vs_plain",
                                                                         "environment", "method"),
     "reports/cuda/*bench_collectives.json": _req("command", "rows", "world_size", "versions", rows={"type": "array"}),

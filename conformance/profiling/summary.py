@@ -33,8 +33,15 @@ def markdown_summary(profile: dict, matrix: Optional[dict] = None, top: int = 15
               f"{_f(p['step_ms']['median'])} ms, profiled {_f(p['profiled_step_ms']['median'])} ms "
               f"(ratio {_f(p.get('overhead_ratio'), 2)}x)",
               f"- timing: {p.get('timing', {}).get('method', '')}",
-              f"- trace: {p.get('trace') or 'not written'}", ""]
-    lines += ["## Hot spots", "", "Times are totals over the profiled steps; flops/bytes per step.", ""]
+              f"- trace: {p.get('trace') or 'not written'}"]
+    att = p.get("device_attribution") or {}
+    if att.get("attribution_steps"):
+        lines.append(f"- device time per op: {att['method']}; {_f(att.get('attributed_pct'), 1)}% of "
+                     f"{_f(att.get('device_ms_total'))} ms attributed")
+    lines += ["", "## Hot spots", "",
+              ("Device times are totals over the profiled steps, calls and host times those of the attribution step; "
+               if att.get("attribution_steps") else "Times are totals over the profiled steps; ")
+              + "flops/bytes per step.", ""]
     rows = [[o["op"], o["calls"], _f(o["total_ms"]), _f(o["self_ms"]), _f(o["device_ms"]),
              _f((o["share"] or 0) * 100, 1), _f(o.get("flops")), _f(o.get("bytes")), _f(o.get("intensity"), 2),
              _f(o.get("roofline_pct"), 1), "yes" if o.get("fallback") else ""] for o in p["ops"][:top]]

@@ -202,6 +202,8 @@ def _profile(value: Any, report: dict, top: int = 12) -> list:
     blocks: list = [("kv", [("device", value.get("device")), ("verified", value.get("verified")),
                             ("step ms (median)", step.get("median") if isinstance(step, dict) else step),
                             ("profiled step ms", value.get("profiled_step_ms")),
+                            ("overhead ratio", value.get("overhead_ratio")),
+                            ("device time per op", (value.get("device_attribution") or {}).get("method")),
                             ("memory estimate bytes", mem.get("estimate_bytes")), ("peak bytes", mem.get("peak_bytes")),
                             ("estimate error %", mem.get("error_pct")), ("peak source", mem.get("peak_source")),
                             ("fallback ms per step", fb.get("ms_per_step")),
