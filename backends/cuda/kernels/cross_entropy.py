@@ -126,9 +126,11 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     return x2, t, loss, lse
 
 
-def ce_backward(x2, t, lse, per_row):
+def ce_backward(x2, t, lse, per_row, out: Optional[torch.Tensor] = None):
+    """``(softmax(x2) - onehot(t)) * per_row`` in ``x2``'s dtype, into ``out`` when given (``out`` may be
+    ``x2`` itself: each element is read before it is written, by the same program)."""
     rows, v = x2.shape
-    dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device)
+    dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device) if out is None else out
     block = min(next_power_of_2(v), _chunk(x2))
     if rows:
         _ce_bwd[(rows, triton.cdiv(v, block))](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,

@@ -12,8 +12,12 @@ backward only multiplies the stored gradients by the scalar ``grad_output``. The
 temporaries are one chunk's logits (input dtype + float32) plus ``grad_weight`` and
 ``grad_input``; the full ``[rows, vocab]`` logits never exist.
 
-Plain torch ops only (matmuls by cuBLAS on CUDA): the module imports no Triton and runs on any
-device, so it is tested on the CPU. ``grad_weight`` accumulates in float32 for float32 inputs and
+The matmuls are torch's (cuBLAS on CUDA). The per-chunk softmax and logits gradient are the Triton
+cross-entropy kernels (:mod:`.cross_entropy`) when the input is on CUDA and Triton imports: one
+pass computes each row's loss and log-sum-exp from the input-dtype logits, a second overwrites those
+logits with their gradient, so no float32 copy of a chunk exists and a chunk may hold about twice
+the rows. Elsewhere (the CPU, where it is tested without Triton) the same steps are torch ops over a
+float32 copy. The module imports Triton only through that first CUDA call. ``grad_weight`` accumulates in float32 for float32 inputs and
 in the input dtype otherwise (like Liger; one rounding per chunk). ``reduction="none"`` cannot be
 precomputed this way (the weight gradient depends on the per-row grad_output): :func:`supports`
 rejects it and the dispatcher falls back to the reference.
@@ -28,15 +32,27 @@ import torch
 CHUNK_BYTES = 256 << 20
 
 
-def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk so one chunk's logits (``elem_bytes`` + 4 bytes per element: the input-dtype
-    logits and their float32 softmax) fit ``budget_bytes``; at least 1, at most ``n_rows``,
-    a multiple of 8 when more than 8 rows fit (friendlier matmul shapes)."""
-    per_row = max(1, vocab) * (elem_bytes + (0 if elem_bytes == 4 else 4))
+def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHUNK_BYTES,
+               float32_copy: bool = True) -> int:
+    """Rows per chunk so one chunk's logits (``elem_bytes`` per element, + 4 for their float32 softmax
+    copy when ``float32_copy`` and the input is not float32) fit ``budget_bytes``; at least 1, at most
+    ``n_rows``, a multiple of 8 when more than 8 rows fit (friendlier matmul shapes)."""
+    per_row = max(1, vocab) * (elem_bytes + (4 if float32_copy and elem_bytes != 4 else 0))
     rows = max(1, budget_bytes // per_row)
     if rows > 8:
         rows -= rows % 8
     return int(max(1, min(n_rows, rows)))
+
+
+def device_ce(x: torch.Tensor) -> Any:
+    """The Triton cross-entropy kernels' module for ``x`` on CUDA when Triton imports, else None."""
+    if not x.is_cuda:
+        return None
+    try:
+        from hal.backends.cuda.kernels import cross_entropy
+    except ImportError:
+        return None
+    return cross_entropy
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -58,10 +74,25 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        ce = device_ce(x)
         for start in range(0, n, rows_per_chunk):
             end = min(n, start + rows_per_chunk)
             xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
             logits = torch.nn.functional.linear(xc, weight, bias)
+            if ce is not None:  # Triton: loss and lse in one pass, then the gradient over the logits in place
+                _, tcc, row_loss, lse = ce.ce_forward(logits, tc, ignore_index)
+                loss += row_loss.sum()
+                if want_x or want_w or want_b:
+                    g = vc.to(torch.float32) if scale is None else vc.to(torch.float32) * scale
+                    dl = ce.ce_backward(logits, tcc, lse, g, out=logits)
+                    if want_x:
+                        torch.mm(dl, weight, out=grad_x[start:end])
+                    if want_w:
+                        grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+                    if want_b:
+                        grad_b += dl.float().sum(0)
+                del logits
+                continue
             lf = logits.float()  # the same tensor for float32 inputs
             lse = torch.logsumexp(lf, dim=-1)
             safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
@@ -135,7 +166,8 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
         raise ValueError(f"linear_cross_entropy: {why}")
     x = input.reshape(-1, input.shape[-1])
     t = target.reshape(-1)
-    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size())
+    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size(),
+                                    float32_copy=device_ce(x) is None)
     need_grad = torch.is_grad_enabled() and any(
         p is not None and p.requires_grad for p in (input, weight, bias))
     return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad)
