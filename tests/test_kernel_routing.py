@@ -430,3 +430,17 @@ def test_dispatch_cache_separates_device_types_and_dtypes():
     assert op(x=c) == "cpu32"  # the input by keyword, as the signature (x, *args, ...) allowed
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'x'"):
         op()
+
+
+def test_small_linear_cross_entropy_goes_to_torchs_reference(monkeypatch):
+    """The chunked head takes the call only when its logits reach TORCH_BELOW_LOGITS elements (a decode-sized
+    head is host-bound there: 0.25-0.41x torch on the H200). CPU tensors stand in for the kernel device."""
+    from hal.backends.cuda import kernels
+    from hal.backends.cuda.kernels import _rows
+    monkeypatch.setattr(_rows, "KERNEL_DEVICE", "cpu")
+    w, t = torch.randn(64, 8), torch.zeros(512, dtype=torch.long)
+    monkeypatch.setattr(kernels, "TORCH_BELOW_LOGITS", 512 * 64)
+    assert kernels.supports_linear_cross_entropy(torch.randn(512, 8), w, t) is None
+    assert "torch's reference" in kernels.supports_linear_cross_entropy(torch.randn(511, 8), w, t[:511])
+    assert "torch's reference" in kernels.supports_linear_cross_entropy(torch.randn(7, 73, 8), w, t[:511].view(7, 73))
+    assert "reduction" in kernels.supports_linear_cross_entropy(torch.randn(512, 8), w, t, reduction="none")

@@ -148,10 +148,21 @@ def supports_cross_entropy(input: Any, target: Any = None, weight: Any = None, i
     return None
 
 
+#: linear_cross_entropy calls whose logits (rows x vocab) have fewer elements go to torch's reference (one
+#: matmul and cross_entropy): on the H200 (6eabf5a) the chunked head was 0.25-0.41x torch at 8 x 768 x 50257
+#: (host-bound: a handful of launches and Python per chunk) and 0.97-1.02x at 4096 x 768 x 50257, where the
+#: memory it saves starts to matter; sizes in between were not measured
+TORCH_BELOW_LOGITS = 1 << 24
+
+
 def supports_linear_cross_entropy(input: Any, weight: Any = None, target: Any = None, bias: Any = None,
                                   ignore_index: int = -100, reduction: str = "mean", **kw: Any) -> Optional[str]:
     from hal.backends.cuda.kernels.linear_cross_entropy import supports
-    return _tensor_reason(input) or supports(input, weight, target, bias, ignore_index, reduction, **kw)
+    why = _tensor_reason(input) or supports(input, weight, target, bias, ignore_index, reduction, **kw)
+    if why is None and (input.numel() // input.shape[-1]) * weight.shape[0] < TORCH_BELOW_LOGITS:
+        return f"logits of {input.numel() // input.shape[-1]} x {weight.shape[0]}: below {TORCH_BELOW_LOGITS} " \
+               "elements torch's reference is faster (TORCH_BELOW_LOGITS)"
+    return why
 
 
 def load(op: str):
