@@ -75,6 +75,7 @@ SHAPES: dict[str, dict] = {
                                                       "torch_us")}),
     # benchmarks/bench_dispatch.py --device cuda: per section, per call, hal.ops against torch
     "reports/cuda/bench_dispatch_*.json": _req("environment", "results", results={"type": "object", "minProperties": 1}),
+    "reports/cuda/e2e_gpt2small-*.json": _req("speedup_vs_torch", "speedup_vs_compile", "median_ms", "environment"),
     "reports/cuda/e2e_gpt2small.json": _req("speedup_vs_torch", "speedup_vs_compile", "median_ms", "loss_curves",
                                             "loss_max_rel_diff", "environment"),
     "reports/cuda/routing.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
