@@ -102,8 +102,8 @@ def device_attribution(device: Optional[dict], timed: list[str]) -> dict:
     """The section's ``device_attribution``: how ops got their device time. ``timed``: the
     activities of the timed steps."""
     if device is None:
-        return {"method": "operator self device time in the timed profiled steps", "timed_activities": timed,
-                "attribution_steps": 0}
+        return {"method": "no device activity: an op's time is its host self time in the timed profiled steps",
+                "timed_activities": timed, "attribution_steps": 0}
     unattributed = device["unattributed_us"]
     top = sorted(unattributed, key=lambda k: -unattributed[k])[:10]
     total = device["total_us"]
@@ -160,13 +160,6 @@ def timed_steps(step_fn: Callable[[], Any], backend: Backend, n: int,
         if around is not None:
             around()
     return out
-
-
-def _device_self_us(avg: Any) -> float:
-    for attr in ("self_device_time_total", "self_cuda_time_total"):
-        if hasattr(avg, attr):
-            return float(getattr(avg, attr))
-    return 0.0
 
 
 def _runtime_syncs(events: Iterable[Any]) -> dict[str, int]:
@@ -260,11 +253,10 @@ def _host_device_bandwidth(backend: Backend, peaks: dict) -> tuple[float, str]:
     return 2.0 * nbytes / secs, "measured now: 64 MiB pageable host->device + device->host round trip"
 
 
-def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_ms: float,
-             device: Optional[dict] = None) -> tuple[list, dict]:
+def _op_rows(averages: Iterable[Any], step_total_ms: float, device: Optional[dict]) -> tuple[list, dict]:
     """Operator rows of ``averages`` (``key_averages()``) and ``{"memcpy_events", "memcpy_names"}``.
-    ``device`` (:func:`device_split`'s dict, timed steps recorded with the device activity only):
-    ``device_ms`` and the memcpy counts come from it, not from ``averages``."""
+    ``device``: :func:`device_split`'s dict when the timed steps recorded the device activity (``device_ms``
+    and the memcpy counts come from it), None on the CPU (``device_ms`` null, the host self time is the op's)."""
     rows, runtime = [], {"memcpy_events": 0, "memcpy_names": {}}
     if device is not None:
         runtime = {"memcpy_events": sum(device["memcpy"].values()), "memcpy_names": dict(device["memcpy"])}
@@ -276,11 +268,8 @@ def _op_rows(averages: Iterable[Any], has_device: bool, steps: int, step_total_m
         if not attribution.OP_NAME.match(key):
             continue
         self_ms = float(a.self_cpu_time_total) / 1e3
-        if device is not None:
-            dev = device["per_op_us"].get(key, 0.0) / 1e3
-        else:
-            dev = _device_self_us(a) / 1e3 if has_device else None
-        op_time = dev if has_device else self_ms
+        dev = device["per_op_us"].get(key, 0.0) / 1e3 if device is not None else None
+        op_time = dev if device is not None else self_ms
         rows.append({"op": key, "calls": int(a.count), "total_ms": float(a.cpu_time_total) / 1e3,
                      "self_ms": self_ms, "device_ms": dev, "host_ms": self_ms,
                      "share": (op_time / step_total_ms) if step_total_ms > 0 else None})
@@ -330,7 +319,7 @@ def profile_callable(step_fn: Callable[[], Any], backend: Backend, steps: int = 
         trace_rel, trace_path = TRACE_FILE, os.path.join(out_dir, TRACE_FILE)
     recorded = profiled_steps(step_fn, backend, steps, acts, trace_path)
     profiled = recorded["step_ms"]
-    rows, runtime = _op_rows(recorded["averages"], has_device, steps, sum(profiled), recorded["device"])
+    rows, runtime = _op_rows(recorded["averages"], sum(profiled), recorded["device"])
 
     analysis = analyse_step(step_fn, model)
     dtypes = {r["dtype"] for r in analysis["ops"].values() if r.get("dtype")}

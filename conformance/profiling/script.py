@@ -51,6 +51,8 @@ def run_bound(profile_steps: int) -> int:
     """Steps the profile run of a program needs at most (:data:`SCHEDULE`; the attribution step only on an
     accelerator): the bound the audit puts on that run."""
     return 4 + 2 * int(profile_steps)  # 2 + 2P on the CPU
+
+
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
@@ -421,8 +423,7 @@ class ProgramProfile:
         device = (self.recorded or {}).get("device")
         if self.recorded is not None:
             has_device = len(act_names) > 1
-            rows, runtime = _op_rows(self.recorded["averages"], has_device, len(self.profiled), sum(self.profiled),
-                                     device)
+            rows, runtime = _op_rows(self.recorded["averages"], sum(self.profiled), device)
             runtime_syncs = self.recorded["runtime_syncs"]
         elif self.timed_events is not None:
             not_measured.append("per-op times: the attribution step (which links kernels to ops) did not complete")
