@@ -280,10 +280,12 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
         if want_p:
             out["precision"] = _program_precision(request, workdir, info, run_device, note)
         if want_f:
+            import hal
             from hal.conformance.profiling.script import run_bound
             steps = request.get("steps") or PROGRAM_PROFILE_STEPS
+            bound = run_bound(steps, hal.get_backend(run_device))
             def profile_run(name: str) -> dict:
-                return _run_program(request, workdir, name, run_device, run_bound(steps), profile_program=True,
+                return _run_program(request, workdir, name, run_device, bound, profile_program=True,
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
             # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
             # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box): a crashed run is run again, twice at most

@@ -47,10 +47,17 @@ import torch
 SCHEDULE = ("warm-up", "plain", "profiler warm-up", "profiled", "attribution", "analysis")  # 3rd, 5th: accelerator only
 
 
-def run_bound(profile_steps: int) -> int:
-    """Steps the profile run of a program needs at most (:data:`SCHEDULE`; the attribution step only on an
-    accelerator): the bound the audit puts on that run."""
-    return 4 + 2 * int(profile_steps)  # 2 + 2P on the CPU
+def device_timed(backend: Any) -> bool:
+    """Whether the profile's timed steps on ``backend`` record its device activity (then a profiler warm-up
+    and an attribution step join the schedule)."""
+    from .profiler import _activities
+    return len(_activities(backend)[0]) > 1
+
+
+def run_bound(profile_steps: int, backend: Any) -> int:
+    """Steps the profile run of a program on ``backend`` needs (:data:`SCHEDULE`): the bound the audit puts
+    on that run. 2 + 2P on the CPU, 4 + 2P on an accelerator."""
+    return 2 + 2 * int(profile_steps) + 2 * int(device_timed(backend))
 
 
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
@@ -109,7 +116,7 @@ class ProgramProfile:
         from .profiler import _activities
         self.acts, self.act_names, self.act_note = _activities(self.backend)
         #: timed steps record the device activity only, an attribution step follows them (module docstring)
-        self.device_timed = len(self.acts) > 1
+        self.device_timed = device_timed(self.backend)
         self.step = 0          # completed steps
         self.started = False
         self.t_last = 0.0
