@@ -92,6 +92,29 @@ def test_guarded_dispatch_rechecks_predicates_per_call():
     assert calls == ["fast", "fast"]
 
 
+def test_a_cached_call_no_candidate_takes_gets_the_fallback_policy():
+    """After a first call cached the guarded chain, a call its only candidate rejects falls back as an uncached
+    call would (it raised NotSupportedError before), and a per-call ``fallback=`` is honoured."""
+    def reference(x):
+        """x + 1."""
+        return x + 1
+
+    op = hal.ops.define_op("test_guarded_only", "hal::test_guarded_only", reference, register_cpu=False)
+    hal.ops.REGISTRY.register("test_guarded_only", "cpu", lambda x: x + 1, impl="fast",
+                              supports=lambda x: None if x.is_contiguous() else "non-contiguous")
+    a = rnd(4, 4)
+    torch.testing.assert_close(op(a), a + 1)  # cached: a guarded chain of one candidate
+    hal.ops.clear_fallback_log()
+    with hal.ops.fallback_policy("cpu"):
+        torch.testing.assert_close(op(a.t()), a.t() + 1)
+    assert hal.ops.fallback_totals()[("test_guarded_only", "cpu")].calls == 1
+    with pytest.raises(NotSupportedError, match="non-contiguous"):
+        op(a.t(), fallback="error")
+    with hal.ops.fallback_policy("error"), pytest.raises(NotSupportedError, match="non-contiguous"):
+        op(a.t())
+    torch.testing.assert_close(op(a, fallback="error"), a + 1)  # a call the candidate takes never falls back
+
+
 def test_fallback_policy_precedence(monkeypatch):
     assert current_policy() == "warn"
     monkeypatch.setenv("HAL_FALLBACK", "error")

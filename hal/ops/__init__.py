@@ -7,7 +7,9 @@ Each public function (``hal.ops.softmax`` ...) takes torch's arguments plus a ke
 carries the attribute ``hal_checks_own_args`` is cached and called directly, with no per-call
 predicate chain, since it takes every call of its op itself), and otherwise applies
 the fallback policy of :mod:`hal.ops.fallback`: the CPU implementation runs on host copies of the
-inputs, the outputs are copied back, and the call is logged.
+inputs, the outputs are copied back, and the call is logged. A cached chain of predicates that no
+candidate passes for a call applies the policy in force too; a call that passes ``fallback=`` takes
+the uncached path, so its own policy applies.
 
 Raises NotSupportedError when the policy is ``error`` and no implementation fits.
 
@@ -94,13 +96,16 @@ def _move(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def _guarded(chain: list[OpImpl]) -> Callable[..., Any]:
-    """A callable that checks each candidate's ``supports`` predicate per call, best first."""
+def _guarded(op: str, chain: list[OpImpl]) -> Callable[..., Any]:
+    """A callable that checks each candidate's ``supports`` predicate per call, best first; a call no
+    candidate takes gets the fallback policy in force, as an uncached call would."""
     def call(*args: Any, **kwargs: Any) -> Any:
         for impl in chain:
             if impl.supports is None or not impl.supports(*args, **kwargs):
                 return impl.fn(*args, **kwargs)
-        raise NotSupportedError(chain[-1].op, chain[-1].device_type, ["no candidate accepts these arguments"])
+        x = args[0]
+        res = REGISTRY.resolve(op, x.device.type, dtype_name(x.dtype), args, kwargs)
+        return _run_fallback(op, res, current_policy(), args, kwargs)
     return call
 
 
@@ -175,7 +180,7 @@ def _make(op: str) -> Callable[..., Any]:
         if all(i.supports is None for i in upto):
             store(device, x.dtype, res.impl.fn)
         else:
-            store(device, x.dtype, _guarded(chain))
+            store(device, x.dtype, _guarded(op, chain))
         return res.impl.fn(*args, **kwargs)
 
     def dispatch(*args: Any, fallback: Optional[str] = None, **kwargs: Any) -> Any:
@@ -195,7 +200,7 @@ def _make(op: str) -> Callable[..., Any]:
             fn = cpu.get(x.dtype)
         else:
             fn = other.get((x.device, x.dtype))  # not x.device.type: building that str costs more
-        if fn is None:
+        if fn is None or fallback is not None:  # a per-call policy is honoured by the uncached path
             return slow(x, args, kwargs, fallback)
         if kwargs:
             return fn(*args, **kwargs)
