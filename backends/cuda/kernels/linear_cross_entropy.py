@@ -56,11 +56,12 @@ def device_ce(x: torch.Tensor) -> Any:
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
-    """Chunked forward that also computes the gradients; backward scales them by grad_output."""
+    """Chunked forward that also computes the gradients; backward scales them by grad_output. ``ce``:
+    :func:`device_ce`'s module (the Triton chunk step) or None (torch ops over a float32 copy)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool) -> torch.Tensor:
+                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool, ce: Any) -> torch.Tensor:
         n = x.shape[0]
         valid_all = target != ignore_index
         n_valid = valid_all.sum()
@@ -74,7 +75,6 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        ce = device_ce(x)
         for start in range(0, n, rows_per_chunk):
             end = min(n, start + rows_per_chunk)
             xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
@@ -126,7 +126,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         dx = None if grad_x is None else (grad_x * g).to(ctx.dtypes[0])
         dw = None if grad_w is None else (grad_w * g).to(ctx.dtypes[1])
         db = None if grad_b is None else (grad_b * g).to(ctx.dtypes[2])
-        return dx, dw, None, db, None, None, None, None
+        return dx, dw, None, db, None, None, None, None, None
 
 
 def supports(input: Any, weight: Any = None, target: Any = None, bias: Any = None, ignore_index: int = -100,
@@ -166,8 +166,9 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
         raise ValueError(f"linear_cross_entropy: {why}")
     x = input.reshape(-1, input.shape[-1])
     t = target.reshape(-1)
-    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size(),
-                                    float32_copy=device_ce(x) is None)
+    ce = device_ce(x)
+    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size(), float32_copy=ce is None)
     need_grad = torch.is_grad_enabled() and any(
         p is not None and p.requires_grad for p in (input, weight, bias))
-    return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad)
+    return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad,
+                                            ce)
