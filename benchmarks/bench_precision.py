@@ -75,6 +75,46 @@ def _shadow_on(where: str, make):
     return made
 
 
+def _diagnose(ours, plain, device: str, top: int = 25) -> dict:
+    """Where one shadowed step's time goes: a cProfile of it (the ``top`` functions by own time) and
+    torch.profiler counts of the aten ops and device kernels it runs, beside a plain step's. Printed and
+    returned (JSON-ready)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    ours()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print(buf.getvalue())
+    stats = pstats.Stats(prof).stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
+    functions = sorted(({"function": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "calls": v[1],
+                         "tottime_ms": v[2] * 1e3, "cumtime_ms": v[3] * 1e3} for k, v in stats.items()),
+                       key=lambda r: -r["tottime_ms"])[:top]
+    counts = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for label, fn in (("plain", plain), ("ours", ours)):
+        with profile(activities=activities) as p:
+            fn()
+        events = p.key_averages()
+        aten = [e for e in events if e.key.startswith("aten::")]
+        kernels = [e for e in p.events() if e.device_type.name == "CUDA"] if device == "cuda" else []
+        counts[label] = {
+            "aten_calls": sum(e.count for e in aten),
+            "device_kernels": len(kernels),
+            "device_time_ms": sum(e.device_time for e in kernels) / 1e3 if kernels else 0.0,
+            "top_aten": [{"op": e.key, "calls": e.count} for e in sorted(aten, key=lambda e: -e.count)[:15]],
+        }
+        print(f"{label}: {counts[label]['aten_calls']} aten calls, {counts[label]['device_kernels']} device kernels, "
+              f"{counts[label]['device_time_ms']:.2f} ms device time")
+    return {"cprofile_top": functions, "profiler": counts}
+
+
 def _program_bench(script: str, rest: list) -> int:
     """``--script PATH [bench_program_sections options] [-- script args]``: the program-target benchmark
     (benchmarks/bench_program_sections.py, beside this script: ``python benchmarks/x.py`` puts this folder first
@@ -101,6 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-elements", type=int, default=1 << 15)
     p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
     p.add_argument("--out", default="out/bench_precision.json")
+    p.add_argument("--diagnose", action="store_true",
+                   help="after the timed rounds, one more step of 'ours' under cProfile and one under torch.profiler: "
+                        "where its host time goes and how many ops and kernels it runs (printed, and in the JSON)")
     p.add_argument("--script", metavar="PATH", help="measure a program target instead (a script run unchanged): "
                    "delegates to benchmarks/bench_program_sections.py (precision window and profile ratios)")
     args, rest = p.parse_known_args(argv)
@@ -176,6 +219,9 @@ def main(argv=None) -> int:
     print(f"goal: shadow + stats <= 4x plain -> median {ours:.2f}x, min {ours_min:.2f}x "
           f"({'met' if max(ours, ours_min) <= 4 else 'NOT met'}); on a shared machine the min is the "
           "better estimate of uncontended cost")
+    if args.diagnose:
+        name, wl, b, make = next(v for v in variants if v[0] == "shadow + stats (ours)")
+        result["diagnosis"] = _diagnose(lambda: _step(wl, b, make()), lambda: _step(wl, b, None), args.device)
     doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config, "device": args.device,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
            "repeats": args.repeats, "max_elements": args.max_elements, "parameters": n_params,

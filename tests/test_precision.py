@@ -12,6 +12,7 @@ import torch
 from hal.conformance.precision import PrecisionResult, compare_module
 from hal.conformance.precision import thresholds as th
 from hal.conformance.precision.calibration import calibrate, op_verdict
+from hal.conformance.precision.tracer import StepTracer
 from hal.conformance.precision.drift import drift_stats
 from hal.conformance.precision.metrics import error_stats, sample_index, take_sample
 
@@ -267,3 +268,35 @@ def test_calibration_on_real_rows_grades_bfloat16_against_float32():
     assert c["counts"]["warning"] > 0 and c["counts"]["error"] == 0
     mm = [o for o in c["ops"] if o["op"] == "addmm"]
     assert mm and all(o["ratios"]["rms_rel"] > 2 for o in mm)
+
+
+class _Child(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class _Parent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.child = _Child()
+
+    def forward(self, x):
+        h = x * 2.0  # the parent's own op, before and around its child
+        return self.child(h) + h
+
+
+def test_backward_ops_belong_to_the_innermost_module_whose_forward_made_their_node():
+    """The module hooks mark where the autograd sequence counter stood as each forward began and ended;
+    a backward op is looked up by its node's number (ops outside every module: ``<unattributed>``)."""
+    m = _Parent()
+    tr = StepTracer(m, "target", shadow=False)
+    with tr:
+        loss = (m(torch.randn(4, 8, requires_grad=True)) ** 2).sum()  # the loss: outside the model
+        loss.backward()
+    bwd = {(r.op, r.module) for r in tr.records if r.kind == "op" and r.phase == "backward"}
+    assert {("tanh_backward", "child"), ("mm", "child.lin"), ("mul", "<root>"), ("pow", "<unattributed>")} <= bwd
+    assert not tr._stack  # every pre-hook's module was popped by its post-hook

@@ -91,22 +91,33 @@ def test_single_comparison_is_one_request_of_the_batch():
         error_stats_many([StatsRequest(torch.ones(3), torch.ones(4), torch.float32, 1e-3, 0.0, False)])
 
 
-class _MutatesItsOutput(torch.nn.Module):
-    """An op output that the program changes in place afterwards (as ``x += ...``, AccumulateGrad or
-    ``clip_grad_norm_`` do): the deferred comparison must see the value the op produced."""
+#: ways a program overwrites an op's output before the step ends; the tracer sees each through the op's schema
+_OVERWRITES = {
+    "in place": lambda y: y.mul_(0.0).add_(1e6),  # as x += ..., AccumulateGrad or clip_grad_norm_ do
+    "through a view": lambda y: y.view(-1)[:64].fill_(1e6),
+    "out=": lambda y: torch.add(y, 1e6, out=y),
+    "foreach list": lambda y: torch._foreach_mul_([y], 0.0),  # as GradScaler's unscale_ and foreach optimizers
+}
 
-    def __init__(self):
+
+class _MutatesItsOutput(torch.nn.Module):
+    """An op output that the program changes afterwards: the deferred comparison must see the value the op
+    produced."""
+
+    def __init__(self, overwrite):
         super().__init__()
         self.lin = torch.nn.Linear(16, 16)
+        self.overwrite = overwrite
 
     def forward(self, x):
         y = self.lin(x)
-        y.mul_(0.0).add_(1e6)  # in place: the linear's output is overwritten before the step ends
+        self.overwrite(y)  # the linear's output is overwritten before the step ends
         return y.sum()
 
 
-def test_deferred_comparisons_keep_the_value_the_op_produced():
-    m = _MutatesItsOutput()
+@pytest.mark.parametrize("how", sorted(_OVERWRITES))
+def test_deferred_comparisons_keep_the_value_the_op_produced(how):
+    m = _MutatesItsOutput(_OVERWRITES[how])
     x = torch.randn(4, 16)
     with torch.no_grad():
         ref = StepTracer(m, "reference")
@@ -119,6 +130,23 @@ def test_deferred_comparisons_keep_the_value_the_op_produced():
     assert lin and lin[0].local is not None and lin[0].total is not None  # filled by finalize on exit
     assert lin[0].local["max_abs"] < 1e-4 and lin[0].total["max_abs"] < 1e-4
     assert tr.finalize_ms > 0
+
+
+def test_outputs_nobody_writes_are_compared_in_place_not_copied():
+    """Copy-on-write: a small output queued for the statistics is the program's own tensor until an op is
+    about to write it; a step that writes nothing copies nothing."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh())
+    outs = []
+    for mod in m:
+        mod.register_forward_hook(lambda _m, _a, o: outs.append(o))
+    tr = StepTracer(m, "target", record_module_outputs=False)
+    with torch.no_grad(), tr:
+        m(torch.randn(4, 16))
+        queued = [q.target for _, which, q in tr._pending if which == "local"]
+        assert len(queued) == 2 and tr._held
+        assert {t.untyped_storage().data_ptr() for t in queued} == {o.untyped_storage().data_ptr() for o in outs}
+    assert not tr._held  # finalize let go of them
+    assert [r.op for r in tr.records] == ["addmm", "tanh"] and all(not r.local["exceeds"] for r in tr.records)
 
 
 def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monkeypatch):

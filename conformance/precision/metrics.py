@@ -70,19 +70,13 @@ def sample_index_on(shape, max_elements: int, device: torch.device) -> Optional[
     return on_device(("sample", tuple(int(s) for s in shape), max_elements), idx, device)
 
 
-def _sampled_values(t: torch.Tensor, max_elements: int) -> Tuple[torch.Tensor, bool]:
-    """``(values, is_view)``: ``t`` flattened (a view of it) when small, else its values at the
-    :func:`sample_index` positions (a gathered copy), on ``t``'s device in ``t``'s dtype."""
+def sampled_values(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Tuple[torch.Tensor, bool]:
+    """``(values, may_alias)``: ``t`` flattened (a view of it when it can be) when small, else its
+    values at the :func:`sample_index` positions (a gathered copy), on ``t``'s device in ``t``'s
+    dtype. Nothing moves to the host and nothing synchronises. When ``may_alias``, the values may
+    change with ``t``: a caller keeping them copies them first, or before ``t`` is written."""
     idx = sample_index_on(t.shape, max_elements, t.device)
     return (t.detach().reshape(-1), True) if idx is None else (t.detach()[idx], False)
-
-
-def sample_copy(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> torch.Tensor:
-    """The values of ``t`` at :func:`sample_index` positions (all if small), flattened, as a copy on
-    ``t``'s own device in ``t``'s dtype: nothing moves to the host and nothing synchronises (the
-    statistics read it later, and the copy keeps it from changing with ``t`` meanwhile)."""
-    v, is_view = _sampled_values(t, max_elements)
-    return v.clone() if is_view else v
 
 
 def take_sample(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> torch.Tensor:
@@ -91,7 +85,7 @@ def take_sample(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> to
     Always a copy: a float64 CPU tensor is never returned as a view of ``t``'s storage (a sample kept
     for later would otherwise change with ``t``: ``clip_grad_norm_`` scales in place the very tensor
     a backward op produced, since AccumulateGrad keeps it as ``.grad``)."""
-    out = _sampled_values(t, max_elements)[0].to("cpu", torch.float64)
+    out = sampled_values(t, max_elements)[0].to("cpu", torch.float64)
     if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
         out = out.clone()
     return out

@@ -158,6 +158,8 @@ class _ProgramTracer(StepTracer):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._internal or _is_seeded_random(func):
+            if self._held and not self._internal:
+                self._guard_writes(func, args, kwargs)  # a seeded normal_/bernoulli_ may write a held output
             return func(*args, **kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):

@@ -15,7 +15,9 @@ unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept d
   in full, except outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are
   left to the reference-run comparison (recorded as unshadowed with the reason).
 
-Not thread-safe: one :class:`Shadow` per tracer.
+Everything here runs inside a tracer's ``__torch_dispatch__``, below autograd: nothing it computes
+is recorded for the backward, so no tensor needs ``detach()``. Not thread-safe: one :class:`Shadow` per
+tracer.
 """
 from __future__ import annotations
 
@@ -79,14 +81,14 @@ class UpcastCache:
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                    tuple(t.stride()), t.dtype, t.device, t._version)
         except (RuntimeError, NotImplementedError):
-            return t.detach().to(home, _F64)
+            return t.to(home, _F64)
         hit = self._d.get(key)
         if hit is not None:
             self._d.move_to_end(key)
             self.hits += 1
             return hit[1]
         self.misses += 1
-        up = t.detach().to(home, _F64)
+        up = t.to(home, _F64)
         nbytes = up.numel() * 8
         if nbytes <= self.max_bytes // 4:
             self._d[key] = (t, up)
@@ -106,7 +108,7 @@ def _float64_args(x: Any, cache: UpcastCache, home: torch.device) -> Any:
     if isinstance(x, torch.Tensor):
         if x.is_floating_point():
             return cache.get(x)
-        return x.detach().to(home)
+        return x.to(home)
     if isinstance(x, torch.dtype) and x.is_floating_point:
         return _F64
     if isinstance(x, torch.device):
@@ -134,6 +136,14 @@ def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[torch.Tensor, to
     rows = torch.randperm(n_rows, generator=g)[:nr].sort().values
     cols = torch.randperm(n_cols, generator=g)[:nc].sort().values
     return rows, cols
+
+
+def _broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` without growing it (``torch.broadcast_shapes``
+    without its Python cost: the samplers ask once per operand of every large point-wise op)."""
+    if len(shape) > len(target):
+        return False
+    return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
 
 
 #: outputs this many times over ``max_elements`` with no sampled variant are not shadowed.
@@ -223,32 +233,32 @@ class Shadow:
             key = ("grid", out.shape[0], out.shape[1], self.max_elements)
             rows, cols = _grid(*key[1:])
             r_dev, c_dev = on_device(key, (rows, cols), a.device)
-            prod = a.detach()[r_dev].to(home, _F64) @ b.detach()[:, c_dev].to(home, _F64)
+            prod = a[r_dev].to(home, _F64) @ b[:, c_dev].to(home, _F64)
             if name == "addmm":
                 r_home, c_home = on_device(key, (rows, cols), home)
-                bias64 = args[0].detach().to(home, _F64)
+                bias64 = args[0].to(home, _F64)
                 if bias64.dim() == 2 and bias64.shape[0] == out.shape[0]:
                     bias64 = bias64[r_home]
                 if bias64.dim() >= 1 and bias64.shape[-1] == out.shape[1]:
                     bias64 = bias64[..., c_home]
                 prod = kwargs.get("beta", 1) * bias64 + kwargs.get("alpha", 1) * prod
-            return out[r_dev][:, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[0]}x{out.shape[1]}"
+            return out[r_dev[:, None], c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[0]}x{out.shape[1]}"
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
             per = max(1, self.max_elements // out.shape[0])
             key = ("grid", out.shape[1], out.shape[2], per)
             rows, cols = _grid(*key[1:])
             r_dev, c_dev = on_device(key, (rows, cols), a.device)
-            prod = a.detach()[:, r_dev].to(home, _F64) @ b.detach()[:, :, c_dev].to(home, _F64)
-            return out[:, r_dev][:, :, c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
+            prod = a[:, r_dev].to(home, _F64) @ b[:, :, c_dev].to(home, _F64)
+            return out[:, r_dev[:, None], c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
             g, o = args[0], args[1]
             sel = self._sampled_rows(out, out.device)
             if sel is None:
                 return None
             rows, r_dev, n_rows, last = sel
-            gs = g.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
-            os_ = o.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
+            gs = g.reshape(n_rows, last)[r_dev].to(home, _F64)
+            os_ = o.reshape(n_rows, last)[r_dev].to(home, _F64)
             ref = func(gs, os_, -1, _F64)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
@@ -257,23 +267,23 @@ class Shadow:
             if sel is None:
                 return None
             rows, r_dev, n_rows, last = sel
-            xs = x.detach().reshape(n_rows, last)[r_dev].to(home, _F64)
+            xs = x.reshape(n_rows, last)[r_dev].to(home, _F64)
             ref = func(xs, -1, False)
             return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
         if torch.Tag.pointwise in func.tags and not kwargs:
             dev_idx = sample_index_on(out.shape, self.max_elements, out.device)
             if dev_idx is None:
                 return None
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            if any(torch.broadcast_shapes(t.shape, out.shape) != out.shape for t in tensors):
+            shape = out.shape
+            if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
 
             def pick(x):
                 if isinstance(x, torch.Tensor):
                     if x.dim() == 0:
                         return _float64_args(x, c, home)
-                    v = x.detach().expand(out.shape)[dev_idx].to(home)
-                    return v.to(_F64) if v.is_floating_point() else v
+                    v = x if x.shape == shape else x.expand(shape)
+                    return v[dev_idx].to(home, _F64 if x.is_floating_point() else None)
                 return _float64_args(x, c, home)
 
             ref = func(*[pick(a) for a in args])

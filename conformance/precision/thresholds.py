@@ -26,6 +26,7 @@ Everything here is pure data and pure functions (thread-safe).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, Tuple
 
@@ -108,8 +109,10 @@ def reduction_length(op_name: str, args, out_shape) -> int:
     return 1
 
 
+@functools.lru_cache(maxsize=8192)
 def threshold_for(op_name: str, dtype: torch.dtype, k: int = 1) -> Dict[str, float]:
-    """The threshold row for one comparison: rtol, atol, rtol_eff, K, class, mismatch fraction."""
+    """The threshold row for one comparison: rtol, atol, rtol_eff, K, class, mismatch fraction.
+    Cached (the tracers ask once per op output): the dict is shared, read it, never change it."""
     rtol, atol = base_tolerance(dtype)
     cls = op_class(op_name)
     rtol_eff = rtol + (k * accumulation_eps(dtype) if cls == "reduction" else 0.0)

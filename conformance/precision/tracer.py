@@ -5,7 +5,8 @@ whose output is a floating-point tensor (views, copies and factories excluded) i
 
 * the **key** ``(phase, module path, op, occurrence, output index)``: ``phase`` is ``forward``
   or ``backward``; backward ops are attributed to the module whose forward created their autograd
-  node (the module hooks label nodes in ``grad_fn.metadata``);
+  node: the module hooks note where the autograd sequence counter stood as each module's forward
+  began and ended, and a node's sequence number finds the innermost module around it;
 * in the ``reference`` role: every floating dtype argument is widened to float64 (so explicit
   casts in user code, ``x.half()``, do not lower the reference's precision), and a fixed sample of the float64 output (:func:`metrics.take_sample`);
 * in the ``target`` role: the *total* error against the reference sample with the same key
@@ -21,6 +22,7 @@ use one tracer per model and step. Hooks are removed on exit.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import weakref
@@ -31,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import thresholds as th
 from .argtree import leaves, map_leaves
-from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sample_copy, take_sample
+from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
 from .shadow import Shadow, float64_home
 
 _SKIP = {
@@ -41,7 +43,6 @@ _SKIP = {
     "_local_scalar_dense", "scalar_tensor", "arange", "randn", "rand", "normal_", "uniform_",
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
-_META_KEY = "hal_precision_module"
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
@@ -56,6 +57,35 @@ _CANONICAL = {
     "_scaled_dot_product_efficient_attention_backward": ("scaled_dot_product_attention_backward", 3),
     "_scaled_dot_product_cudnn_attention_backward": ("scaled_dot_product_attention_backward", 3),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpInfo:
+    """What the tracer needs to know of one aten overload, worked out once (:func:`_op_info`)."""
+
+    name: str  #: the name records use (device attention kernels share the canonical one)
+    passthrough: bool  #: a view, copy, factory or in-place op: not compared, carries its source's producer
+    n_out: Optional[int]  #: how many leading outputs are compared (None: all)
+    writes: Tuple[Any, ...]  #: the arguments the op writes: positions, or names of keyword-only ones
+
+
+_OP_INFO: Dict[Any, _OpInfo] = {}
+
+
+def _op_info(func) -> _OpInfo:
+    """The :class:`_OpInfo` of an aten overload, from its name and schema (cached; thread-safe: the
+    writes are idempotent)."""
+    info = _OP_INFO.get(func)
+    if info is None:
+        name = func.overloadpacket.__name__
+        canonical, n_out = _CANONICAL.get(name, (name, None))
+        writes = []
+        for i, a in enumerate(getattr(getattr(func, "_schema", None), "arguments", ())):
+            if a.alias_info is not None and a.alias_info.is_write:
+                writes.append(a.name if a.kwarg_only else i)
+        info = _OP_INFO[func] = _OpInfo(canonical, name in _SKIP or func.is_view or name.endswith("_"),
+                                        n_out, tuple(writes))
+    return info
 
 
 @dataclasses.dataclass
@@ -85,30 +115,13 @@ class OpRecord:
 
 
 def _seq_probe() -> int:
-    """Current autograd sequence number (a throwaway node's)."""
-    x = torch.zeros((), requires_grad=True)
-    y = x * 1.0
-    return y.grad_fn._sequence_nr()
-
-
-def _label_graph(outputs, path: str, start_seq: int) -> None:
-    """Label autograd nodes created since ``start_seq`` (and not yet labelled) with ``path``."""
-    flat = leaves(outputs)
-    stack = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen = set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        try:
-            if node._sequence_nr() < start_seq:
-                continue
-            md = node.metadata
-        except (AttributeError, RuntimeError):
-            continue
-        md.setdefault(_META_KEY, path)
-        stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+    """The sequence number the next autograd node made on this thread will get: nodes made from here on
+    have this number or more. Read from the counter where torch exposes it, else from a throwaway node."""
+    peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
+    if peek is not None:
+        return peek()
+    with torch.enable_grad():  # pragma: no cover - torch without the counter
+        return (torch.zeros((), requires_grad=True) * 1.0).grad_fn._sequence_nr()
 
 
 def _widen(x):
@@ -162,7 +175,11 @@ class StepTracer(TorchDispatchMode):
         self.max_elements = max_elements if sample else 1 << 62
         self.records: List[OpRecord] = []
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
-        self._stack: List[Tuple[str, int]] = []
+        self._stack: List[str] = []
+        #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
+        #: from there on (None: outside every module); :meth:`current_module` looks backward nodes up here
+        self._seq_start: List[int] = []
+        self._seq_path: List[Optional[str]] = []
         self._producer: Dict[int, Tuple[weakref.ref, int]] = {}
         self._handles = []
         self._record_modules = record_module_outputs
@@ -170,6 +187,9 @@ class StepTracer(TorchDispatchMode):
         self.compute_dtype = compute_dtype
         #: comparisons queued by the step, judged by :meth:`finalize`: (record, "local" | "total", request)
         self._pending: List[Tuple[OpRecord, str, StatsRequest]] = []
+        #: queued requests whose target values are still the program's own memory, by (storage, device):
+        #: copied only when an op is about to write that storage (:meth:`_guard_writes`), not every time
+        self._held: Dict[tuple, List[StatsRequest]] = {}
         #: milliseconds :meth:`finalize` has taken, all calls together (the deferred statistics)
         self.finalize_ms = 0.0
 
@@ -202,6 +222,7 @@ class StepTracer(TorchDispatchMode):
         import time
         t0 = time.perf_counter()
         pending, self._pending = self._pending, []
+        self._held.clear()  # judged now: the program may write those tensors again
         devices = {q.target.device for _, _, q in pending}
         dev = float64_home(devices.pop()) if len(devices) == 1 else torch.device("cpu")
         reqs = [q for _, _, q in pending]
@@ -221,61 +242,102 @@ class StepTracer(TorchDispatchMode):
             setattr(rec, which, st)
         self.finalize_ms += (time.perf_counter() - t0) * 1e3
 
+    def _boundary(self) -> None:
+        """The innermost module changes here: nodes numbered from now on belong to the top of the stack."""
+        self._internal = True  # the probe's fallback makes a node: not the program's op
+        try:
+            seq = _seq_probe()
+        finally:
+            self._internal = False
+        path = self._stack[-1] if self._stack else None
+        if self._seq_start and self._seq_start[-1] == seq:
+            self._seq_path[-1] = path  # no node was made since the last boundary
+        else:
+            self._seq_start.append(seq)
+            self._seq_path.append(path)
+
     def _pre(self, path):
         def hook(mod, args):
-            self._internal = True
-            try:
-                seq = _seq_probe() if torch.is_grad_enabled() else 0
-            finally:
-                self._internal = False
-            self._stack.append((path, seq))
+            self._stack.append(path)
+            self._boundary()
         return hook
 
     def _post(self, path):
         def hook(mod, args, output):
-            _, seq = self._stack.pop() if self._stack else (path, 0)
-            self._internal = True
-            try:
-                if torch.is_grad_enabled():
-                    _label_graph(output, path, seq)
-                if self._record_modules:
+            if self._stack:
+                self._stack.pop()
+            self._boundary()
+            if self._record_modules:
+                self._internal = True
+                try:
                     for i, t in enumerate(x for x in leaves(output) if isinstance(x, torch.Tensor)):
                         if t.is_floating_point() and t.numel() > 0:
                             self._observe("forward", path, "<module>", t, i, kind="module")
-            finally:
-                self._internal = False
+                finally:
+                    self._internal = False
         return hook
 
     def current_module(self) -> Tuple[str, str]:
+        """``("forward", innermost module running)`` or, inside the backward, ``("backward", module whose
+        forward made the running autograd node)`` (``<unattributed>``: made outside every module)."""
         node = torch._C._current_autograd_node() if hasattr(torch._C, "_current_autograd_node") else None
         if node is not None:
             try:
-                return "backward", node.metadata.get(_META_KEY, "<unattributed>")
+                k = bisect.bisect_right(self._seq_start, node._sequence_nr()) - 1
             except (AttributeError, RuntimeError):
-                return "backward", "<unattributed>"
-        return "forward", (self._stack[-1][0] if self._stack else "<root>")
+                k = -1
+            path = self._seq_path[k] if k >= 0 else None
+            return "backward", path or "<unattributed>"
+        return "forward", (self._stack[-1] if self._stack else "<root>")
 
     # -- dispatch ---------------------------------------------------------------------------
+    def _hold(self, q: StatsRequest) -> None:
+        """Queue-side of copy-on-write: ``q.target`` is a view of a program tensor; it is copied only if
+        an op writes that storage before :meth:`finalize` (a tensor without a storage is copied now)."""
+        try:
+            key = (q.target.untyped_storage().data_ptr(), q.target.device)
+        except (RuntimeError, NotImplementedError):
+            q.target = q.target.clone()
+            return
+        self._held.setdefault(key, []).append(q)
+
+    def _guard_writes(self, func, args, kwargs) -> None:
+        """Before ``func`` runs: copy the held values (:meth:`_hold`) of every storage it will write (its
+        schema's mutable arguments: in-place ops, ``out=``, foreach lists), so a queued comparison keeps the
+        values the op produced."""
+        for w in _op_info(func).writes:
+            x = kwargs.get(w) if isinstance(w, str) else (args[w] if w < len(args) else None)
+            for t in (x if isinstance(x, (list, tuple)) else (x,)):
+                if isinstance(t, torch.Tensor):
+                    try:
+                        held = self._held.pop((t.untyped_storage().data_ptr(), t.device), None)
+                    except (RuntimeError, NotImplementedError):
+                        continue
+                    for q in held or ():
+                        q.target = q.target.clone()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.role == "reference" and not self._internal:
             # the reference runs *every* floating computation in float64, explicit casts included
             args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
+        info = _op_info(func)
+        if self._held and info.writes:
+            self._guard_writes(func, args, kwargs)
         out = func(*args, **kwargs)
         if self._internal:
             return out
-        name = func.overloadpacket.__name__
-        if name in _SKIP or func.is_view or name.endswith("_"):
+        if info.passthrough:
             # views and copies carry their source's producer (blame follows the data).
             if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
                 p = self._producer.get(id(args[0]))
                 if p is not None and p[0]() is args[0]:
                     self._producer[id(out)] = (weakref.ref(out), p[1])
             return out
+        name = info.name
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        if name in _CANONICAL:
-            name, n_out = _CANONICAL[name]
-            outs = outs[:n_out]
+        if info.n_out is not None:
+            outs = outs[:info.n_out]
         phase, module = self.current_module()
         inputs = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor)]
         for i, o in enumerate(outs):
@@ -318,20 +380,22 @@ class StepTracer(TorchDispatchMode):
                        total_threshold=tthr)
         ref = self.samples.get(key)
         if ref is not None:
-            tv = sample_copy(t, self.max_elements)
+            tv, is_view = sampled_values(t, self.max_elements)
             if tv.numel() == ref.numel():
-                self._pending.append((rec, "total", StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"],
-                                                                 True, "aggregate")))
+                q = StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"], True, "aggregate")
+                self._pending.append((rec, "total", q))
+                if is_view:
+                    self._hold(q)
         if func is not None and self.do_shadow:
             try:
                 tv, sv, how = self.shadow.run(func, args, kwargs, t, out_index)
                 if tv.numel() != sv.numel():
                     raise ValueError(f"the float64 shadow has {sv.numel()} elements, the output {tv.numel()}")
-                if tv.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-                    tv = tv.clone()  # the output itself: keep the values as they are now
                 rec.sampling = how
-                self._pending.append((rec, "local", StatsRequest(tv, sv, t.dtype, thr["rtol_eff"], thr["atol"],
-                                                                 thr["class"] == "reduction")))
+                q = StatsRequest(tv, sv, t.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
+                self._pending.append((rec, "local", q))
+                if tv.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    self._hold(q)  # the output itself: its values as they are now, copied if written
             except Exception as exc:  # the float64 kernel may not exist; record why
                 rec.shadow_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         if func is not None:
