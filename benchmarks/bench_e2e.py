@@ -4,7 +4,9 @@ Variants (each a fresh workload from the same seed, same batches): ``torch`` (th
 ``ops="torch"``, eager), ``hal`` (``ops="hal"``: norms, GELU, LM head + loss through ``hal.ops``;
 the chunked linear_cross_entropy is registered for the device when the backend does not provide
 one), ``compile`` (``ops="torch"`` with ``torch.compile(model)``; the loss stays outside), and with
-``--hal-compile`` also ``hal+compile``. A step is forward + loss + backward + AdamW step +
+``--hal-compile`` also ``hal+compile``, and with ``--vocab64`` ``torch-vocab64`` (torch eager with the
+vocabulary padded to a multiple of 64 by hand, as nanoGPT does: the strongest plain-torch baseline for an
+odd vocabulary; ``speedup_vs_torch_vocab64``). A step is forward + loss + backward + AdamW step +
 zero_grad; batches are made before timing. Step time: CUDA events around each step, no
 synchronisation between steps (so steady-state pipelining counts), median over ``--steps`` after
 ``--warmup`` steps (host timers on the CPU). Loss curves: every step's loss (warm-up included),
@@ -13,7 +15,8 @@ compared with torch's (max abs and max relative difference). Peak memory:
 
 Writes ``--json`` with ``{"speedup_vs_torch": torch_ms / hal_ms, "speedup_vs_compile":
 compile_ms / hal_ms, "steps", "warmup", "median_ms": {...}, "loss_curves": {...},
-"loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table.
+"loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table; ``--breakdown`` adds ``"breakdown": {variant:
+{"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one more, profiled step per variant.
 
 Usage:  python benchmarks/bench_e2e.py --json e2e.json [--config gpt2-small --dtype bfloat16 --steps 20]
         python benchmarks/bench_e2e.py --device cpu --config tiny --dtype float32 --steps 3   (dry run)
@@ -41,7 +44,11 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
     """Train one variant for ``warmup + steps`` steps; its times, losses and peak memory."""
     from hal.models import get_workload
     hal_ops = variant.startswith("hal")
-    w = get_workload("gpt", args.config, **({"ops": "hal"} if hal_ops else {}))
+    overrides = {"ops": "hal"} if hal_ops else {}
+    if variant == "torch-vocab64":  # nanoGPT's hand fix: more (never-target) classes, so cuBLAS gets aligned shapes
+        vocab = get_workload("gpt", args.config).config.vocab_size
+        overrides["vocab_size"] = -(-vocab // 64) * 64
+    w = get_workload("gpt", args.config, **overrides)
     w.build(device, args.dtype, args.seed)
     if variant == "compile":
         w.model = torch.compile(w.model)
@@ -75,7 +82,8 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
             first_s = time.perf_counter() - t_first
     _sync(device)
     times = [(m[0].elapsed_time(m[1]) if cuda else m * 1e3) for m in marks][args.warmup:]
-    out = {"median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
+    brk = breakdown(w, batches[-1], device) if args.breakdown else None
+    out = {"breakdown": brk, "median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
            "losses": [float(x) for x in losses],
            "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
     del w, batches, losses
@@ -83,6 +91,46 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+#: kernel-name patterns (first match wins) for :func:`breakdown`'s categories
+_CATEGORIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
+               ("attention", ("flash", "fmha", "attention", "sdpa")),
+               ("optimizer", ("multi_tensor", "adam", "foreach")),
+               ("norm", ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "norm_")),
+               ("loss / softmax", ("softmax", "cross_entropy", "nll", "_ce_", "ce_forward", "ce_backward")),
+               ("gelu / activation", ("gelu", "silu", "swiglu")),
+               ("reduction", ("reduce",)),
+               ("copy / cast", ("copy", "memcpy", "memset", "cat", "fill")),
+               ("elementwise", ("elementwise", "vectorized", "unrolled", "pointwise")),
+               ("embedding", ("embedding", "index", "scatter", "gather")))
+
+
+def breakdown(w, batch, device: torch.device, top: int = 25) -> Optional[dict]:
+    """One more training step of the workload under torch.profiler (the device activity only): its kernels'
+    device time by category (:data:`_CATEGORIES`, by kernel name) and the ``top`` kernels. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        w.backward(batch)
+        w.optimizer_step()
+        _sync(device)
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time / 1e3
+    cats: dict = {}
+    for name, (_, ms) in kernels.items():
+        low = name.lower()
+        cat = next((c for c, pats in _CATEGORIES if any(p in low for p in pats)), "other")
+        cats[cat] = cats.get(cat, 0.0) + ms
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"device_ms": sum(ms for _, ms in kernels.values()), "kernels": sum(n for n, _ in kernels.values()),
+            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top_kernels": [{"kernel": n[:160], "calls": c, "ms": ms} for n, (c, ms) in rows]}
 
 
 def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
@@ -95,6 +143,7 @@ def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     """All variants; the result document (see the module docstring)."""
     variants = ["torch", "hal"] + ([] if args.no_compile else ["compile"]) + (["hal+compile"] if args.hal_compile else [])
+    variants += ["torch-vocab64"] if args.vocab64 else []
     from bench_kernels import ensure_linear_cross_entropy, environment  # this folder is sys.path[0] as a script
     head = ensure_linear_cross_entropy(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     res: dict = {"config": args.config, "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps,
@@ -112,6 +161,11 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             continue
         res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
+        if r["breakdown"] is not None:
+            res.setdefault("breakdown", {})[v] = r["breakdown"]
+            print(f"{v:12s} one profiled step: {r['breakdown']['device_ms']:.2f} ms device time, "
+                  f"{r['breakdown']['kernels']} kernels: "
+                  + ", ".join(f"{c} {ms:.2f}" for c, ms in r["breakdown"]["categories_ms"].items()), flush=True)
         print(f"{v:12s} median {r['median_ms']:.2f} ms/step  peak {r['peak_mib']} MiB  "
               f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", flush=True)
         summarise(res)
@@ -127,10 +181,11 @@ def summarise(res: dict) -> dict:
     ms = res["median_ms"]
     res["speedup_vs_torch"] = ms["torch"] / ms["hal"] if "torch" in ms and "hal" in ms else None
     res["speedup_vs_compile"] = ms["compile"] / ms["hal"] if "compile" in ms and "hal" in ms else None
+    res["speedup_vs_torch_vocab64"] = ms["torch-vocab64"] / ms["hal"] if "torch-vocab64" in ms and "hal" in ms else None
     ref = res["loss_curves"].get("torch")
     res["loss_max_abs_diff"], rel = {}, {}
     for v, curve in res["loss_curves"].items():
-        if ref is not None and v != "torch":
+        if ref is not None and v not in ("torch", "torch-vocab64"):  # vocab64 trains another model (more classes)
             res["loss_max_abs_diff"][v], rel[v] = compare(curve, ref)
     res["loss_max_rel_diff_by_variant"] = rel
     res["loss_max_rel_diff"] = rel.get("hal")
@@ -149,6 +204,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--hal-compile", action="store_true", help="also torch.compile the hal model")
+    p.add_argument("--vocab64", action="store_true",
+                   help="also torch eager with the vocabulary padded to a multiple of 64 (nanoGPT's 50304: a "
+                        "slightly larger model, aligned matmuls; its loss curve is not compared)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="after the timed steps, one profiled step per variant: kernel device time by category")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_e2e: no CUDA device (torch.cuda.is_available() is False); use --device cpu for a dry run",

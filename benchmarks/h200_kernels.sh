@@ -60,8 +60,8 @@ fi
 
 if want e2e; then
 step "gpt2-small bf16 training: hal vs torch vs torch.compile"
-run 90 env HAL_CUDA_ROUTING="$ROUTING" $PY benchmarks/bench_e2e.py --config gpt2-small --dtype bfloat16 \
-    --steps 12 --warmup 3 --json "$OUT/e2e_gpt2small.json"
+run 180 env HAL_CUDA_ROUTING="$ROUTING" $PY benchmarks/bench_e2e.py --config gpt2-small --dtype bfloat16 \
+    --steps 12 --warmup 3 --vocab64 --breakdown --json "$OUT/e2e_gpt2small.json"
 fi
 
 if want timing; then

@@ -30,6 +30,15 @@ import torch
 
 #: default byte budget of one chunk's logits (input-dtype copy + float32 copy)
 CHUNK_BYTES = 256 << 20
+#: on the Triton path the vocabulary is padded with zero rows to a multiple of this: for an odd class count
+#: (GPT-2's 50257) cuBLAS picks alignment-1 kernels, and on the H200 the head's three matmuls then took
+#: 15.5 of a 32 ms gpt2-small training step (reports/cuda/README.md)
+PAD_VOCAB_TO = 64
+
+
+def padded_vocab(vocab: int) -> int:
+    """The class count the matmuls see: ``vocab`` rounded up to :data:`PAD_VOCAB_TO`."""
+    return -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
 
 
 def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHUNK_BYTES,
@@ -57,11 +66,15 @@ def device_ce(x: torch.Tensor) -> Any:
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """Chunked forward that also computes the gradients; backward scales them by grad_output. ``ce``:
-    :func:`device_ce`'s module (the Triton chunk step) or None (torch ops over a float32 copy)."""
+    :func:`device_ce`'s module (the Triton chunk step) or None (torch ops over a float32 copy). With ``ce``,
+    ``weight`` (and ``bias``) may carry zero rows past the ``classes`` real ones (:func:`padded_vocab`): the
+    padded logits are exactly 0, the loss and its gradient read the first ``classes`` columns only, and the
+    padded rows' gradients are 0."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool, ce: Any) -> torch.Tensor:
+                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool, ce: Any,
+                classes: int) -> torch.Tensor:
         n = x.shape[0]
         valid_all = target != ignore_index
         n_valid = valid_all.sum()
@@ -80,11 +93,13 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
             logits = torch.nn.functional.linear(xc, weight, bias)
             if ce is not None:  # Triton: loss and lse in one pass, then the gradient over the logits in place
-                _, tcc, row_loss, lse = ce.ce_forward(logits, tc, ignore_index)
+                real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
+                _, tcc, row_loss, lse = ce.ce_forward(real, tc, ignore_index)
                 loss += row_loss.sum()
                 if want_x or want_w or want_b:
                     g = vc.to(torch.float32) if scale is None else vc.to(torch.float32) * scale
-                    dl = ce.ce_backward(logits, tcc, lse, g, out=logits)
+                    ce.ce_backward(real, tcc, lse, g, out=real)
+                    dl = logits
                     if want_x:
                         torch.mm(dl, weight, out=grad_x[start:end])
                     if want_w:
@@ -126,7 +141,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         dx = None if grad_x is None else (grad_x * g).to(ctx.dtypes[0])
         dw = None if grad_w is None else (grad_w * g).to(ctx.dtypes[1])
         db = None if grad_b is None else (grad_b * g).to(ctx.dtypes[2])
-        return dx, dw, None, db, None, None, None, None, None
+        return dx, dw, None, db, None, None, None, None, None, None
 
 
 def supports(input: Any, weight: Any = None, target: Any = None, bias: Any = None, ignore_index: int = -100,
@@ -167,8 +182,13 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
     x = input.reshape(-1, input.shape[-1])
     t = target.reshape(-1)
     ce = device_ce(x)
-    rows = chunk_size or chunk_rows(x.shape[0], weight.shape[0], x.element_size(), float32_copy=ce is None)
+    classes = weight.shape[0]
+    padded = padded_vocab(classes) if ce is not None else classes
+    rows = chunk_size or chunk_rows(x.shape[0], padded, x.element_size(), float32_copy=ce is None)
     need_grad = torch.is_grad_enabled() and any(
         p is not None and p.requires_grad for p in (input, weight, bias))
+    if padded != classes:  # zero rows, differentiably: autograd cuts the gradient back to the real rows
+        weight = torch.nn.functional.pad(weight, (0, 0, 0, padded - classes))
+        bias = None if bias is None else torch.nn.functional.pad(bias, (0, padded - classes))
     return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad,
-                                            ce)
+                                            ce, classes)
