@@ -8,10 +8,13 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hal.conformance.precision import PrecisionResult, compare_module
 from hal.conformance.precision import thresholds as th
 from hal.conformance.precision.calibration import calibrate, op_verdict
+from hal.conformance.precision.shadow import _block, _block_of
 from hal.conformance.precision.tracer import StepTracer
 from hal.conformance.precision.drift import drift_stats
 from hal.conformance.precision.metrics import error_stats, sample_index, take_sample
@@ -300,3 +303,19 @@ def test_backward_ops_belong_to_the_innermost_module_whose_forward_made_their_no
     bwd = {(r.op, r.module) for r in tr.records if r.kind == "op" and r.phase == "backward"}
     assert {("tanh_backward", "child"), ("mm", "child.lin"), ("mul", "<root>"), ("pow", "<unattributed>")} <= bwd
     assert not tr._stack  # every pre-hook's module was popped by its post-hook
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 200), st.data())
+def test_pointwise_sample_block_is_a_view_that_commutes_with_the_op(shape, max_elements, data):
+    """The point-wise shadow compares a block of the output: the same block of every (broadcast) operand, as
+    views, gives exactly that block of the op's result, and the block holds at most ``max_elements``."""
+    shape = tuple(shape)
+    bshape = tuple(1 if data.draw(st.booleans()) else s for s in shape[data.draw(st.integers(0, len(shape) - 1)):])
+    a, b = torch.randn(shape), torch.randn(bshape)
+    block = _block(shape, max_elements)
+    out = torch.addcmul(a, a, b)
+    got = torch.addcmul(_block_of(a, shape, block), _block_of(a, shape, block), _block_of(b, shape, block))
+    want = _block_of(out, shape, block)
+    assert torch.equal(got, want) and 0 < want.numel() <= max(max_elements, 1)
+    assert want.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()  # a view: no gather

@@ -9,9 +9,11 @@ unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept d
 * an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
   version, holding a strong reference to the source so the key cannot be recycled; bounded by
   bytes (LRU), cleared by the owner at the end of each step;
-* sampling giant outputs: matrix products are shadowed on a fixed grid of output rows x columns
-  (only those rows of A and columns of B are upcast), point-wise ops on a fixed subset of output
-  positions, last-dim softmax (and its backward) on a subset of rows. Everything else is shadowed
+* sampling giant outputs, always on views (no gather; only the float64 copies of the sampled
+  inputs cost a kernel, and the compared output is a view the tracer copies only if it is written):
+  matrix products are shadowed on a fixed run of output rows x a run of columns (only those rows of
+  A and columns of B are upcast), point-wise ops on a fixed block (one index of each leading dim, a
+  run of the next, the rest whole), last-dim softmax (and its backward) on a run of rows. Everything else is shadowed
   in full, except outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are
   left to the reference-run comparison (recorded as unshadowed with the reason).
 
@@ -30,7 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .argtree import map_leaves
-from .metrics import DEFAULT_MAX_ELEMENTS, on_device, sample_index_on
+from .metrics import DEFAULT_MAX_ELEMENTS
 
 _F64 = torch.float64
 _CPU = torch.device("cpu")
@@ -116,26 +118,44 @@ def _float64_args(x: Any, cache: UpcastCache, home: torch.device) -> Any:
     return x
 
 
-@functools.lru_cache(maxsize=4096)
-def _rows(n_rows: int, row_len: int, max_elements: int) -> Optional[torch.Tensor]:
-    if n_rows * row_len <= max_elements or n_rows <= 1:
-        return None
-    m = max(1, min(n_rows, max_elements // max(1, row_len)))
-    g = torch.Generator().manual_seed(n_rows * 7919 + row_len)
-    return torch.randperm(n_rows, generator=g)[:m].sort().values
+def _span(n: int, m: int) -> slice:
+    """A fixed run of ``min(n, m)`` of ``n`` consecutive positions: a function of ``n`` and ``m`` only, so an op
+    of one shape is always compared at the same place."""
+    m = max(1, min(n, m))
+    start = (n * 7919 + m * 104729) % (n - m + 1)
+    return slice(start, start + m)
 
 
 @functools.lru_cache(maxsize=4096)
-def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A fixed subset of rows and columns with about ``max_elements`` cells in all (cached: the
-    tensors are never written)."""
+def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[slice, slice]:
+    """A fixed run of rows and one of columns with about ``max_elements`` cells in all."""
     side = max(1, int(math.sqrt(max_elements)))
     nr = min(n_rows, max(side, max_elements // max(1, n_cols)))
     nc = min(n_cols, max(1, max_elements // nr))
-    g = torch.Generator().manual_seed(n_rows * 7919 + n_cols)
-    rows = torch.randperm(n_rows, generator=g)[:nr].sort().values
-    cols = torch.randperm(n_cols, generator=g)[:nc].sort().values
-    return rows, cols
+    return _span(n_rows, nr), _span(n_cols, nc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block(shape: Tuple[int, ...], max_elements: int) -> Tuple[int, Tuple[int, ...], slice]:
+    """Where a large point-wise output is compared: ``(d, fixed, run)``, every dim before ``d`` at one fixed
+    index (``fixed``), a run of dim ``d``, every later dim whole: about ``max_elements`` elements, a view."""
+    inner, d = 1, len(shape) - 1
+    while d > 0 and inner * shape[d] <= max_elements:
+        inner *= shape[d]
+        d -= 1
+    fixed = tuple(_span(shape[g], 1).start for g in range(d))
+    return d, fixed, _span(shape[d], max(1, max_elements // inner))
+
+
+def _block_of(x: torch.Tensor, shape: Tuple[int, ...], block: Tuple[int, Tuple[int, ...], slice]) -> torch.Tensor:
+    """The part of ``x`` (which broadcasts to ``shape``) that meets :func:`_block`'s block: a view."""
+    d, fixed, run = block
+    off = len(shape) - x.dim()
+    idx = []
+    for j, size in enumerate(x.shape):
+        g = j + off
+        idx.append((0 if size == 1 else fixed[g]) if g < d else (run if g == d and size != 1 else slice(None)))
+    return x[tuple(idx)]
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -214,78 +234,67 @@ class Shadow:
         ref = res[out_index] if isinstance(res, (tuple, list)) else res
         return out, ref, "full"
 
-    # -- sampled variants -------------------------------------------------------------------
-    def _sampled_rows(self, out: torch.Tensor, device: torch.device):
-        """Rows of ``out`` (viewed as [n_rows, last]) to compare: ``(rows, rows on device, n_rows,
-        last)``, or None when ``out`` is small enough to compare whole."""
+    # -- sampled variants: views of the inputs and of the output, so only the float64 copies cost a kernel --
+    def _sampled_rows(self, out: torch.Tensor) -> Optional[Tuple[slice, int, int]]:
+        """A run of rows of ``out`` viewed as [n_rows, last] to compare: ``(rows, n_rows, last)``, or None when
+        ``out`` is small enough to compare whole."""
         last = out.shape[-1]
         n_rows = out.numel() // max(1, last)
-        rows = _rows(n_rows, last, self.max_elements)
-        if rows is None:
+        if n_rows * last <= self.max_elements or n_rows <= 1:
             return None
-        return rows, on_device(("rows", n_rows, last, self.max_elements), (rows,), device)[0], n_rows, last
+        return _span(n_rows, self.max_elements // max(1, last)), n_rows, last
 
     def _sampled(self, func, name, args, kwargs, out, home):
         c = self.cache
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
-            key = ("grid", out.shape[0], out.shape[1], self.max_elements)
-            rows, cols = _grid(*key[1:])
-            r_dev, c_dev = on_device(key, (rows, cols), a.device)
-            prod = a[r_dev].to(home, _F64) @ b[:, c_dev].to(home, _F64)
+            rs, cs = _grid(out.shape[0], out.shape[1], self.max_elements)
+            a64, b64 = a[rs].to(home, _F64), b[:, cs].to(home, _F64)
             if name == "addmm":
-                r_home, c_home = on_device(key, (rows, cols), home)
-                bias64 = args[0].to(home, _F64)
-                if bias64.dim() == 2 and bias64.shape[0] == out.shape[0]:
-                    bias64 = bias64[r_home]
-                if bias64.dim() >= 1 and bias64.shape[-1] == out.shape[1]:
-                    bias64 = bias64[..., c_home]
-                prod = kwargs.get("beta", 1) * bias64 + kwargs.get("alpha", 1) * prod
-            return out[r_dev[:, None], c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[0]}x{out.shape[1]}"
+                bias = args[0]
+                if bias.dim() == 2 and bias.shape[0] == out.shape[0]:
+                    bias = bias[rs]
+                if bias.dim() >= 1 and bias.shape[-1] == out.shape[1]:
+                    bias = bias[..., cs]
+                prod = torch.addmm(bias.to(home, _F64), a64, b64, beta=kwargs.get("beta", 1),
+                                   alpha=kwargs.get("alpha", 1))
+            else:
+                prod = a64 @ b64
+            return out[rs, cs], prod, f"grid {prod.shape[0]}x{prod.shape[1]}/{out.shape[0]}x{out.shape[1]}"
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
-            per = max(1, self.max_elements // out.shape[0])
-            key = ("grid", out.shape[1], out.shape[2], per)
-            rows, cols = _grid(*key[1:])
-            r_dev, c_dev = on_device(key, (rows, cols), a.device)
-            prod = a[:, r_dev].to(home, _F64) @ b[:, :, c_dev].to(home, _F64)
-            return out[:, r_dev[:, None], c_dev], prod, f"grid {rows.numel()}x{cols.numel()}/{out.shape[1]}x{out.shape[2]}"
+            rs, cs = _grid(out.shape[1], out.shape[2], max(1, self.max_elements // out.shape[0]))
+            prod = a[:, rs].to(home, _F64) @ b[:, :, cs].to(home, _F64)
+            return out[:, rs, cs], prod, f"grid {prod.shape[1]}x{prod.shape[2]}/{out.shape[1]}x{out.shape[2]}"
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
             g, o = args[0], args[1]
-            sel = self._sampled_rows(out, out.device)
+            sel = self._sampled_rows(out)
             if sel is None:
                 return None
-            rows, r_dev, n_rows, last = sel
-            gs = g.reshape(n_rows, last)[r_dev].to(home, _F64)
-            os_ = o.reshape(n_rows, last)[r_dev].to(home, _F64)
-            ref = func(gs, os_, -1, _F64)
-            return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
+            rs, n_rows, last = sel
+            ref = func(g.reshape(n_rows, last)[rs].to(home, _F64), o.reshape(n_rows, last)[rs].to(home, _F64), -1,
+                       _F64)
+            return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
-            x = args[0]
-            sel = self._sampled_rows(out, x.device)
+            sel = self._sampled_rows(out)
             if sel is None:
                 return None
-            rows, r_dev, n_rows, last = sel
-            xs = x.reshape(n_rows, last)[r_dev].to(home, _F64)
-            ref = func(xs, -1, False)
-            return out.reshape(n_rows, last)[r_dev], ref, f"rows {rows.numel()}/{n_rows}"
+            rs, n_rows, last = sel
+            ref = func(args[0].reshape(n_rows, last)[rs].to(home, _F64), -1, False)
+            return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
         if torch.Tag.pointwise in func.tags and not kwargs:
-            dev_idx = sample_index_on(out.shape, self.max_elements, out.device)
-            if dev_idx is None:
-                return None
-            shape = out.shape
+            shape = tuple(out.shape)
             if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
+            block = _block(shape, self.max_elements)
 
             def pick(x):
-                if isinstance(x, torch.Tensor):
-                    if x.dim() == 0:
-                        return _float64_args(x, c, home)
-                    v = x if x.shape == shape else x.expand(shape)
-                    return v[dev_idx].to(home, _F64 if x.is_floating_point() else None)
+                if isinstance(x, torch.Tensor) and x.dim():
+                    return _block_of(x, shape, block).to(home, _F64 if x.is_floating_point() else None)
                 return _float64_args(x, c, home)
 
             ref = func(*[pick(a) for a in args])
-            return out[dev_idx], ref, f"elements {dev_idx[0].numel()}/{out.numel()}"
+            tv = _block_of(out, shape, block)
+            return tv, ref, f"block {tv.numel()}/{out.numel()}"
         return None
