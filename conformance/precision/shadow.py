@@ -46,8 +46,8 @@ def float64_home(device: torch.device) -> torch.device:
     """Where float64 shadows (and the statistics) of ops on ``device`` run: the device itself when its
     HAL backend computes float64 natively there (``supports_dtype``: a silent downcast is not native,
     so never an MLU), else the CPU; ``$HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps them on the CPU. On the
-    H200 the device was 2-7x cheaper in steady state (gpt tiny 7.9x a plain step against 16.8x on the
-    CPU, gpt2-small shapes 12.8x against 94x). Decided once per device and cached; a backend that cannot
+    H200 the device was 2-15x cheaper in steady state (at a562d9a: gpt tiny 5.9x a plain step against 15.8x
+    on the CPU, gpt2-small shapes 7.1-9.6x against 106-125x). Decided once per device and cached; a backend that cannot
     be asked means the CPU. Thread-safe (idempotent cache writes)."""
     if device.type == "cpu":
         return _CPU
