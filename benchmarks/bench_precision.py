@@ -25,6 +25,7 @@ Prints a tabulate table and writes JSON (``--out``, default out/bench_precision.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -142,8 +143,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
     p.add_argument("--out", default="out/bench_precision.json")
     p.add_argument("--diagnose", action="store_true",
-                   help="after the timed rounds, one more step of 'ours' under cProfile and one under torch.profiler: "
-                        "where its host time goes and how many ops and kernels it runs (printed, and in the JSON)")
+                   help="after the timed rounds, one more step of each 'ours' variant under cProfile and one under "
+                        "torch.profiler: where its host time goes and how many ops and kernels it runs (printed, and "
+                        "in the JSON's results.diagnoses)")
     p.add_argument("--script", metavar="PATH", help="measure a program target instead (a script run unchanged): "
                    "delegates to benchmarks/bench_program_sections.py (precision window and profile ratios)")
     args, rest = p.parse_known_args(argv)
@@ -219,9 +221,13 @@ def main(argv=None) -> int:
     print(f"goal: shadow + stats <= 4x plain -> median {ours:.2f}x, min {ours_min:.2f}x "
           f"({'met' if max(ours, ours_min) <= 4 else 'NOT met'}); on a shared machine the min is the "
           "better estimate of uncontended cost")
-    if args.diagnose:
-        name, wl, b, make = next(v for v in variants if v[0] == "shadow + stats (ours)")
-        result["diagnosis"] = _diagnose(lambda: _step(wl, b, make()), lambda: _step(wl, b, None), args.device)
+    if args.diagnose:  # every variant of ours: the default home, and on a device the CPU beside it
+        for name, wl, b, make in variants:
+            if name.startswith("shadow + stats (ours"):
+                print(f"diagnosis: {name}")
+                result.setdefault("diagnoses", {})[name] = _diagnose(
+                    functools.partial(lambda w_, b_, m_: _step(w_, b_, m_()), wl, b, make),
+                    functools.partial(_step, wl, b, None), args.device)
     doc = {"benchmark": "precision_overhead", "model": args.model, "config": args.config, "device": args.device,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
            "repeats": args.repeats, "max_elements": args.max_elements, "parameters": n_params,
