@@ -80,6 +80,20 @@ def test_batched_statistics_match_the_definitions(monkeypatch):
         assert s["rms_rel"] == pytest.approx(math.sqrt(sum(x * x for x in d) / sum(x * x for x in ar)), rel=1e-9)
         assert s["mismatch_frac"] == pytest.approx((bad + nonfin) / len(t), rel=1e-12)
         assert ("ulp_max" in s) == (q.target_dtype in (torch.float16, torch.bfloat16))
+        if "ulp_max" in s:  # d / ulp(ref) in the target's format, normal range (ulp of a zero ref: that of 1.0)
+            bits, min_exp = (10, -13) if q.target_dtype == torch.float16 else (7, -125)
+            ulps = [x / 2.0 ** (max(math.frexp(a if a > 0 else 1.0)[1] - 1, min_exp) - bits) for x, a in zip(d, ar)]
+            assert s["ulp_max"] == pytest.approx(max(ulps), rel=1e-12)
+
+
+def test_row_sums_that_overflow_take_the_exact_path():
+    """The fast path trusts finite row sums; values whose sum overflows (every element finite) must still be
+    judged exactly: finite, no NaN/Inf mismatch, the errors they really have."""
+    r = torch.full((64,), 1e308, dtype=torch.float64)
+    t = r * (1 + 1e-9)
+    s = error_stats(t, r, target_dtype=torch.float64, rtol=1e-6, atol=0.0, normwise=False)
+    assert s["nan_inf_mismatch"] == 0 and not s["exceeds"]
+    assert s["max_abs"] == pytest.approx(1e299, rel=1e-6) and math.isfinite(s["mean_rel"])
 
 
 def test_single_comparison_is_one_request_of_the_batch():
