@@ -70,6 +70,21 @@ def sample_index_on(shape, max_elements: int, device: torch.device) -> Optional[
     return on_device(("sample", tuple(int(s) for s in shape), max_elements), idx, device)
 
 
+def to_home(x: torch.Tensor, home: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``x.to(home, dtype)``, but from an accelerator to the CPU the copy lands in pinned memory without a
+    staging pass and in ``x``'s own dtype (a cross-device copy with a cast is a pageable copy, then the cast
+    on the host), the device is synchronised once, and the cast runs on the host: on the H200 the float64
+    shadows' synchronous pageable copies were 870 ms of a 2 s step. Falls back to ``x.to(home, dtype)``
+    where the device module has no ``synchronize``."""
+    if x.device.type != "cpu" and home.type == "cpu":
+        sync = getattr(getattr(torch, x.device.type, None), "synchronize", None)
+        if sync is not None:
+            y = x.to(home, non_blocking=True)  # pinned when the backend pins non-blocking host copies
+            sync(x.device)
+            return y if dtype is None or y.dtype == dtype else y.to(dtype)
+    return x.to(home, dtype)
+
+
 def sampled_values(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Tuple[torch.Tensor, bool]:
     """``(values, may_alias)``: ``t`` flattened (a view of it when it can be) when small, else its
     values at the :func:`sample_index` positions (a gathered copy), on ``t``'s device in ``t``'s
@@ -171,8 +186,8 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     f64 = torch.float64
     qs = [requests[i] for i in idx]
     lens = [q.target.numel() for q in qs]
-    t = pad_sequence([q.target.detach().reshape(-1) for q in qs], batch_first=True).to(dev, f64)
-    r = pad_sequence([q.ref.detach().reshape(-1) for q in qs], batch_first=True).to(dev, f64)
+    t = to_home(pad_sequence([q.target.detach().reshape(-1) for q in qs], batch_first=True), dev, f64)
+    r = to_home(pad_sequence([q.ref.detach().reshape(-1) for q in qs], batch_first=True), dev, f64)
     pad = torch.tensor([t.shape[1] - n for n in lens], dtype=f64, device=dev)
 
     def col(values: List[Any], dtype: torch.dtype = f64) -> torch.Tensor:

@@ -32,7 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .argtree import map_leaves
-from .metrics import DEFAULT_MAX_ELEMENTS
+from .metrics import DEFAULT_MAX_ELEMENTS, to_home
 
 _F64 = torch.float64
 _CPU = torch.device("cpu")
@@ -83,14 +83,14 @@ class UpcastCache:
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                    tuple(t.stride()), t.dtype, t.device, t._version)
         except (RuntimeError, NotImplementedError):
-            return t.to(home, _F64)
+            return to_home(t, home, _F64)
         hit = self._d.get(key)
         if hit is not None:
             self._d.move_to_end(key)
             self.hits += 1
             return hit[1]
         self.misses += 1
-        up = t.to(home, _F64)
+        up = to_home(t, home, _F64)
         nbytes = up.numel() * 8
         if nbytes <= self.max_bytes // 4:
             self._d[key] = (t, up)
@@ -110,7 +110,7 @@ def _float64_args(x: Any, cache: UpcastCache, home: torch.device) -> Any:
     if isinstance(x, torch.Tensor):
         if x.is_floating_point():
             return cache.get(x)
-        return x.to(home)
+        return to_home(x, home)
     if isinstance(x, torch.dtype) and x.is_floating_point:
         return _F64
     if isinstance(x, torch.device):
@@ -250,14 +250,14 @@ class Shadow:
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
             rs, cs = _grid(out.shape[0], out.shape[1], self.max_elements)
-            a64, b64 = a[rs].to(home, _F64), b[:, cs].to(home, _F64)
+            a64, b64 = to_home(a[rs], home, _F64), to_home(b[:, cs], home, _F64)
             if name == "addmm":
                 bias = args[0]
                 if bias.dim() == 2 and bias.shape[0] == out.shape[0]:
                     bias = bias[rs]
                 if bias.dim() >= 1 and bias.shape[-1] == out.shape[1]:
                     bias = bias[..., cs]
-                prod = torch.addmm(bias.to(home, _F64), a64, b64, beta=kwargs.get("beta", 1),
+                prod = torch.addmm(to_home(bias, home, _F64), a64, b64, beta=kwargs.get("beta", 1),
                                    alpha=kwargs.get("alpha", 1))
             else:
                 prod = a64 @ b64
@@ -265,7 +265,7 @@ class Shadow:
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
             rs, cs = _grid(out.shape[1], out.shape[2], max(1, self.max_elements // out.shape[0]))
-            prod = a[:, rs].to(home, _F64) @ b[:, :, cs].to(home, _F64)
+            prod = to_home(a[:, rs], home, _F64) @ to_home(b[:, :, cs], home, _F64)
             return out[:, rs, cs], prod, f"grid {prod.shape[1]}x{prod.shape[2]}/{out.shape[1]}x{out.shape[2]}"
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
             g, o = args[0], args[1]
@@ -273,15 +273,15 @@ class Shadow:
             if sel is None:
                 return None
             rs, n_rows, last = sel
-            ref = func(g.reshape(n_rows, last)[rs].to(home, _F64), o.reshape(n_rows, last)[rs].to(home, _F64), -1,
-                       _F64)
+            ref = func(to_home(g.reshape(n_rows, last)[rs], home, _F64), to_home(o.reshape(n_rows, last)[rs], home, _F64),
+                       -1, _F64)
             return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
             sel = self._sampled_rows(out)
             if sel is None:
                 return None
             rs, n_rows, last = sel
-            ref = func(args[0].reshape(n_rows, last)[rs].to(home, _F64), -1, False)
+            ref = func(to_home(args[0].reshape(n_rows, last)[rs], home, _F64), -1, False)
             return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
         if torch.Tag.pointwise in func.tags and not kwargs:
             shape = tuple(out.shape)
@@ -291,7 +291,7 @@ class Shadow:
 
             def pick(x):
                 if isinstance(x, torch.Tensor) and x.dim():
-                    return _block_of(x, shape, block).to(home, _F64 if x.is_floating_point() else None)
+                    return to_home(_block_of(x, shape, block), home, _F64 if x.is_floating_point() else None)
                 return _float64_args(x, c, home)
 
             ref = func(*[pick(a) for a in args])
