@@ -112,25 +112,23 @@ def breakdown(w, batch, device: torch.device, top: int = 25) -> Optional[dict]:
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
+
+    from hal.conformance.profiling.attribution import device_event_times
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         w.backward(batch)
         w.optimizer_step()
         _sync(device)
-    kernels: dict = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            k = kernels.setdefault(e.name, [0, 0.0])
-            k[0] += 1
-            k[1] += e.device_time / 1e3
+    kernels = device_event_times(prof.events())  # {name: {"count", "us"}}
     cats: dict = {}
-    for name, (_, ms) in kernels.items():
+    for name, row in kernels.items():
         low = name.lower()
         cat = next((c for c, pats in _CATEGORIES if any(p in low for p in pats)), "other")
-        cats[cat] = cats.get(cat, 0.0) + ms
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"device_ms": sum(ms for _, ms in kernels.values()), "kernels": sum(n for n, _ in kernels.values()),
+        cats[cat] = cats.get(cat, 0.0) + row["us"] / 1e3
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:top]
+    return {"device_ms": sum(r["us"] for r in kernels.values()) / 1e3,
+            "kernels": sum(r["count"] for r in kernels.values()),
             "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-            "top_kernels": [{"kernel": n[:160], "calls": c, "ms": ms} for n, (c, ms) in rows]}
+            "top_kernels": [{"kernel": n[:160], "calls": r["count"], "ms": r["us"] / 1e3} for n, r in rows]}
 
 
 def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:

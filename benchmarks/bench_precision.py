@@ -86,14 +86,17 @@ def _diagnose(ours, plain, device: str, top: int = 25) -> dict:
 
     from torch.profiler import ProfilerActivity, profile
 
+    from hal.conformance.profiling.attribution import device_event_times
+
     prof = cProfile.Profile()
     prof.enable()
     ours()
     prof.disable()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(top)
     print(buf.getvalue())
-    stats = pstats.Stats(prof).stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
+    stats = st.stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
     functions = sorted(({"function": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "calls": v[1],
                          "tottime_ms": v[2] * 1e3, "cumtime_ms": v[3] * 1e3} for k, v in stats.items()),
                        key=lambda r: -r["tottime_ms"])[:top]
@@ -102,13 +105,12 @@ def _diagnose(ours, plain, device: str, top: int = 25) -> dict:
     for label, fn in (("plain", plain), ("ours", ours)):
         with profile(activities=activities) as p:
             fn()
-        events = p.key_averages()
-        aten = [e for e in events if e.key.startswith("aten::")]
-        kernels = [e for e in p.events() if e.device_type.name == "CUDA"] if device == "cuda" else []
+        aten = [e for e in p.key_averages() if e.key.startswith("aten::")]
+        kernels = device_event_times(p.events()).values()  # kernels, memcpy, memset
         counts[label] = {
             "aten_calls": sum(e.count for e in aten),
-            "device_kernels": len(kernels),
-            "device_time_ms": sum(e.device_time for e in kernels) / 1e3 if kernels else 0.0,
+            "device_kernels": sum(r["count"] for r in kernels),
+            "device_time_ms": sum(r["us"] for r in kernels) / 1e3,
             "top_aten": [{"op": e.key, "calls": e.count} for e in sorted(aten, key=lambda e: -e.count)[:15]],
         }
         print(f"{label}: {counts[label]['aten_calls']} aten calls, {counts[label]['device_kernels']} device kernels, "

@@ -100,7 +100,7 @@ def take_sample(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> to
     Always a copy: a float64 CPU tensor is never returned as a view of ``t``'s storage (a sample kept
     for later would otherwise change with ``t``: ``clip_grad_norm_`` scales in place the very tensor
     a backward op produced, since AccumulateGrad keeps it as ``.grad``)."""
-    out = sampled_values(t, max_elements)[0].to("cpu", torch.float64)
+    out = to_home(sampled_values(t, max_elements)[0], torch.device("cpu"), torch.float64)
     if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
         out = out.clone()
     return out

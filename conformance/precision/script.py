@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .argtree import map_leaves
 from .metrics import sample_index_on, take_sample
 from .shadow import Shadow
-from .tracer import _SKIP, StepTracer, _widen
+from .tracer import _SKIP, StepTracer, _op_info, _widen
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
 SCRIPT_MAX_ELEMENTS = 4096
@@ -158,8 +158,8 @@ class _ProgramTracer(StepTracer):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._internal or _is_seeded_random(func):
-            if self._held and not self._internal:
-                self._guard_writes(func, args, kwargs)  # a seeded normal_/bernoulli_ may write a held output
+            if self._held and not self._internal:  # a seeded normal_/bernoulli_ may write a held output
+                self._guard_writes(_op_info(func).writes, args, kwargs)
             return func(*args, **kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):

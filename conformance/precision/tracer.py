@@ -301,11 +301,11 @@ class StepTracer(TorchDispatchMode):
             return
         self._held.setdefault(key, []).append(q)
 
-    def _guard_writes(self, func, args, kwargs) -> None:
-        """Before ``func`` runs: copy the held values (:meth:`_hold`) of every storage it will write (its
-        schema's mutable arguments: in-place ops, ``out=``, foreach lists), so a queued comparison keeps the
-        values the op produced."""
-        for w in _op_info(func).writes:
+    def _guard_writes(self, writes, args, kwargs) -> None:
+        """Before an op runs: copy the held values (:meth:`_hold`) of every storage it will write (``writes``,
+        its :class:`_OpInfo`'s mutable arguments: in-place ops, ``out=``, foreach lists), so a queued
+        comparison keeps the values the op produced."""
+        for w in writes:
             x = kwargs.get(w) if isinstance(w, str) else (args[w] if w < len(args) else None)
             for t in (x if isinstance(x, (list, tuple)) else (x,)):
                 if isinstance(t, torch.Tensor):
@@ -323,7 +323,7 @@ class StepTracer(TorchDispatchMode):
             args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
         info = _op_info(func)
         if self._held and info.writes:
-            self._guard_writes(func, args, kwargs)
+            self._guard_writes(info.writes, args, kwargs)
         out = func(*args, **kwargs)
         if self._internal:
             return out
