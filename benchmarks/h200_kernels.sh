@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue 23 on one H200, in one command (the steps' limits add up to 500 s + install): GPU correctness
+# Issue 23 on one H200, in one command (the steps' limits add up to 920 s + install): GPU correctness
 # tests of the Triton kernels and the fused linear + cross-entropy, the raw Triton-vs-torch sweep ->
 # routing table, the eager kernel benchmark (hal / torch / Liger / torch.compile, fwd + bwd) routed by
 # that table, gpt2-small bf16 training through hal.ops vs torch eager vs torch.compile, and the kernel
-# tests' own timing report (wide-row norm backward, cross_entropy at 32000 classes, decode host time).
+# tests' own timing report (wide-row norm backward, cross_entropy at 32000 classes, decode host time) and
+# the norm backward plans' tuning table.
 #
 # Usage, from the project root:  OUT=/some/dir bash benchmarks/h200_kernels.sh
 # Writes directly in $OUT: h200_kernels.log, env.json, routing.json, bench_kernels.json,
-# e2e_gpt2small.json, kern_timing.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
+# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
 # ...) are installed first when present. Each step has its own time limit; a failing step does not
 # stop the rest; the exit status is the number of failed steps. H200_STEPS picks steps (comma-separated:
-# tests,forced,sweep,bench,e2e,timing,dispatch; default all); without the sweep, the benchmarks route by
+# tests,forced,sweep,bench,e2e,timing,dispatch,tune; default all); without the sweep, the benchmarks route by
 # the shipped table (backends/cuda/kernels/routing.json).
 set -u
 OUT=${OUT:-$PWD/out}
@@ -42,7 +43,7 @@ fi
 ROUTING=backends/cuda/kernels/routing.json
 if want sweep; then
 step "raw Triton sweep -> routing table"
-run 90 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json" && ROUTING=$OUT/routing.json
+run 180 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json" && ROUTING=$OUT/routing.json
 fi
 
 if want dispatch; then
@@ -67,6 +68,11 @@ fi
 if want timing; then
 step "wide-row norm backward, cross_entropy 32000, decode host time (tests/test_triton_kernels.py's report)"
 run 40 $PY tests/test_triton_kernels.py "$OUT/kern_timing.json"
+fi
+
+if want tune; then
+step "norm backward plans: every plan's GPU time per width (benchmarks/tune_norm_bwd.py)"
+run 150 $PY benchmarks/tune_norm_bwd.py --json "$OUT/tune_norm_bwd.json"
 fi
 
 step done

@@ -297,6 +297,44 @@ def test_norms_backward_wide(k, dtype, shape):
     check(wc.grad, wd.grad, dtype, wtol)
 
 
+# ---- backward plans (norms.BWD_TUNED): every kind at every tuned width, against float64 ------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1000, 4096, 5000, 16384, 32768])
+@pytest.mark.parametrize("kind", ["shipped", "fused p1", "fused p8", "two-stage"])
+def test_norm_backward_plans(k, dtype, n, kind):
+    norms = k["norms"]
+    m = 37  # not a multiple of any strip: the last program's strip is short
+    dy = rand((m, n), dtype, 50)
+    x, w, b = rand((m, n), dtype, 51, 2.0) + 0.5, rand((n,), dtype, 52), rand((n,), dtype, 53)
+    wtol = {dt: dict(rtol=t["rtol"], atol=t["atol"] * 4) for dt, t in GRAD_TOL.items()}
+    block = norms.next_power_of_2(n)
+    for is_rms in (False, True):
+        if kind == "shipped":
+            plan = norms.bwd_plan(n, dtype, is_rms)
+            tuned = norms.BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", str(dtype)[6:], block), "absent")
+            if tuned is None:
+                assert not plan.fused
+            elif tuned != "absent":
+                assert (plan.fused, plan.programs_per_sm, plan.warps) == (True, *tuned)
+        elif kind == "two-stage":
+            plan = norms.two_stage_plan(n)
+        else:
+            plan = norms.BwdPlan(True, block, True, 16 if block >= 8192 else 4, int(kind[-1]))
+        bias = None if is_rms else b.cuda()
+        xc, wc = x.cuda(), w.cuda()
+        _, _, mean, rstd = norms.norm_forward(xc, None, wc, bias, 1e-5, is_rms, n)
+        poison()
+        dx, dw, db = norms.norm_backward(dy.cuda(), xc, wc, not is_rms, mean, rstd, None, is_rms, n, plan=plan)
+        xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+        bd = None if is_rms else b.double().requires_grad_()
+        y = F.rms_norm(xd, (n,), wd, 1e-5) if is_rms else F.layer_norm(xd, (n,), wd, bd, 1e-5)
+        y.backward(dy.double())
+        check(dx, xd.grad, dtype, GRAD_TOL)
+        check(dw, wd.grad, dtype, wtol)
+        if not is_rms:
+            check(db, bd.grad, dtype, wtol)
+
+
 def test_norms_rows_past_the_kernel_limit_go_to_torch(k):
     x = rand((4, 65536), torch.float32, 46).cuda().requires_grad_()
     w = rand((65536,), torch.float32, 47).cuda().requires_grad_()

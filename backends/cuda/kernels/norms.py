@@ -4,14 +4,17 @@ One program normalises one row held in registers (rows up to :data:`MAX_BLOCK` e
 wrappers send longer rows to torch). Statistics are float32; the forward saves the per-row mean and
 1/std (float32) for the backward; no normalised activations are stored.
 
-Backward, rows up to :data:`FUSED_BWD_MAX_N` elements: one kernel computes the input gradient row by
-row and the weight/bias gradients as per-program partial sums over a strip of rows (``[programs, N]``
-float32, added up by one ``sum(0)``). Wider rows take two kernels, so that no program keeps a
-row-wide float32 accumulator: ``_norm_bwd_dx`` writes the input gradient, one row per program (the
-row in registers up to :data:`DX_SINGLE_MAX` elements, else two passes over column tiles), and
-``_norm_bwd_dwdb`` is column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to
-the SM count (about ``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its
-strip of rows for its columns into a ``[row groups, N]`` float32 buffer, then ``sum(0)``.
+Backward: which kernels run is a :class:`BwdPlan` per norm, row width and dtype, measured on the
+H200 (:data:`BWD_TUNED`; untuned widths take :func:`default_bwd_plan`). The fused plan is one kernel:
+each of ``programs_per_sm * SMs`` programs computes the input gradient of a strip of rows, row by
+row, and the weight/bias gradients as partial sums over its strip (``[programs, N]`` float32, added
+up by one ``sum(0)``); wider rows take fewer programs per SM. The two-stage plan (layer_norm from
+16384 wide, every norm at 32768, where a row-wide float32 accumulator per program spills) takes two
+kernels: ``_norm_bwd_dx`` writes the input gradient, one row per program (the row in registers up
+to :data:`DX_SINGLE_MAX` elements, else two passes over column tiles), and ``_norm_bwd_dwdb`` is
+column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to the SM count (about
+``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its strip of rows for
+its columns into a ``[row groups, N]`` float32 buffer, then ``sum(0)``.
 
 The public wrappers (:func:`layer_norm`, :func:`rms_norm`, :func:`add_rms_norm`) take every call
 of their op: what the kernels do not take, or what :mod:`routing` sends to torch (small inputs, where
@@ -23,6 +26,7 @@ gradient flowing into ``h`` to the normalisation's.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import torch
@@ -34,7 +38,7 @@ from hal.backends.cuda.kernels import routing, supports_add_rms_norm, supports_l
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.ops import torch_impl
 
-#: rows up to this many elements take the fused one-kernel backward; wider rows the two-stage one
+#: untuned widths: rows up to this many elements take the fused one-kernel backward; wider rows the two-stage one
 FUSED_BWD_MAX_N = 4096
 #: the dx kernel keeps rows up to this many elements (power of two) in registers; wider rows loop
 DX_SINGLE_MAX = 8192
@@ -240,18 +244,71 @@ def _fwd(n: int):
     return p
 
 
-def _bwd(n: int):
-    """``(fused, block_or_tile, single, warps)`` for rows of ``n`` elements."""
-    key = (n, num_warps_for)
+@dataclasses.dataclass(frozen=True)
+class BwdPlan:
+    """How :func:`norm_backward` runs for one norm, row width and dtype.
+
+    ``fused``: one ``_norm_bwd`` kernel, ``min(rows, programs_per_sm * SMs)`` programs, each a strip
+    of rows (the row of ``block`` elements in registers) with its dw/db partial sums, then one
+    ``sum(0)``. Else the two-stage path: ``_norm_bwd_dx`` (the row in registers when ``single``, else
+    looped in tiles of ``block``) and the column-tiled ``_norm_bwd_dwdb``. ``warps``: the first kernel's."""
+
+    fused: bool
+    block: int
+    single: bool
+    warps: int
+    programs_per_sm: int = 4
+
+
+#: measured on the H200 (benchmarks/tune_norm_bwd.py, reports/cuda/tune_norm_bwd.json): per
+#: (norm, dtype, row block), the fused kernel's (programs per SM, warps), or None where the two-stage
+#: path was fastest (layer_norm from 16384 wide: its dw and db accumulators spill). Fewer programs
+#: as rows widen: each keeps a row-wide float32 accumulator. Blocks not listed take
+#: :func:`default_bwd_plan`. rms_norm's entries serve add_rms_norm too (the same kernel plus dh).
+BWD_TUNED: dict = {
+    **{("layer_norm", dt, 1024): (8, 4) for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 1024): (8, 4) for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 4096): (2, 8) for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 4096): (2, 16) for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 8192): (1, 8) for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 8192): (1, 16) for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 16384): None for dt in ("float32", "bfloat16")},
+    ("rms_norm", "float32", 16384): (1, 32),
+    ("rms_norm", "bfloat16", 16384): (1, 16),
+    **{(op, dt, 32768): None for op in ("layer_norm", "rms_norm") for dt in ("float32", "bfloat16")},
+}
+
+
+def default_bwd_plan(n: int) -> BwdPlan:
+    """The untuned plan for rows of ``n`` elements: fused up to :data:`FUSED_BWD_MAX_N`, else two-stage."""
+    block = next_power_of_2(n)
+    if n <= FUSED_BWD_MAX_N:
+        return BwdPlan(True, block, True, num_warps_for(block))
+    return two_stage_plan(n)
+
+
+def two_stage_plan(n: int) -> BwdPlan:
+    """The two-stage plan for rows of ``n`` elements."""
+    block = next_power_of_2(n)
+    if block <= DX_SINGLE_MAX:
+        return BwdPlan(False, block, True, 16 if block >= 8192 else num_warps_for(block))
+    return BwdPlan(False, DX_TILE, False, num_warps_for(DX_TILE))
+
+
+def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool) -> BwdPlan:
+    """The plan for rows of ``n`` elements of ``dtype`` (cached): :data:`BWD_TUNED`'s where it has one."""
+    key = (n, dtype, is_rms, num_warps_for)
     p = _bwd_params.get(key)
     if p is None:
         block = next_power_of_2(n)
-        if n <= FUSED_BWD_MAX_N:
-            p = (True, block, True, num_warps_for(block))
-        elif block <= DX_SINGLE_MAX:
-            p = (False, block, True, 16 if block >= 8192 else num_warps_for(block))
+        tkey = ("rms_norm" if is_rms else "layer_norm", str(dtype).replace("torch.", ""), block)
+        if tkey not in BWD_TUNED:
+            p = default_bwd_plan(n)
+        elif BWD_TUNED[tkey] is None:
+            p = two_stage_plan(n)
         else:
-            p = (False, DX_TILE, False, num_warps_for(DX_TILE))
+            progs, warps = BWD_TUNED[tkey]
+            p = BwdPlan(True, block, True, warps, progs)
         _bwd_params[key] = p
     return p
 
@@ -260,10 +317,6 @@ def _flat(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if t is None or (t.dim() == 1 and t.is_contiguous()):
         return t
     return t.reshape(-1).contiguous()
-
-
-def _fused_programs(rows: int, device: torch.device) -> int:
-    return max(1, min(rows, 4 * sm_count(device)))
 
 
 def dw_groups(rows: int, n: int, sms: int) -> tuple[int, int]:
@@ -303,9 +356,11 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), mean, rstd
 
 
-def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n: int):
+def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n: int,
+                  plan: Optional[BwdPlan] = None):
     """Returns ``(dx, dw, db)`` (dw/db None when absent, float32 dw/db cast to the weight's dtype
-    or, for db without a weight, x's); ``dh`` is the extra gradient into ``h`` (added to dx)."""
+    or, for db without a weight, x's); ``dh`` is the extra gradient into ``h`` (added to dx).
+    ``plan`` (default :func:`bwd_plan`'s for ``n``, x's dtype and the norm) says which kernels run."""
     dy2 = as_rows(dy if dy.shape[-1] == n else dy.reshape(-1, n))
     x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
     dh2 = None if dh is None else as_rows(dh if dh.shape[-1] == n else dh.reshape(-1, n))
@@ -314,10 +369,10 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     dx = torch.empty((rows, n), dtype=x.dtype, device=dev)
     has_w = weight is not None
     w = _flat(weight)
-    fused, block, single, warps = _bwd(n)
+    plan = plan or bwd_plan(n, x.dtype, is_rms)
     mean_ = rstd if mean is None else mean
-    if fused or not rows:
-        progs = _fused_programs(rows, dev) if rows else 1
+    if plan.fused or not rows:
+        progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
         dw_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_w else None
         db_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_bias else None
@@ -325,13 +380,13 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
             _norm_bwd[(progs,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
                                 rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
                                 dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0),
-                                rows, n, per, BLOCK=block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
-                                HAS_DH=dh2 is not None, num_warps=warps)
+                                rows, n, per, BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+                                HAS_DH=dh2 is not None, num_warps=plan.warps)
     else:
         _norm_bwd_dx[(rows,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
                               dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0), n,
-                              TILE=block, SINGLE=single, IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh2 is not None,
-                              num_warps=warps)
+                              TILE=plan.block, SINGLE=plan.single, IS_RMS=is_rms, HAS_W=has_w,
+                              HAS_DH=dh2 is not None, num_warps=plan.warps)
         dw_part = db_part = None
         if has_w or has_bias:
             groups, per = dw_groups(rows, n, sm_count(dev))

@@ -1,0 +1,180 @@
+"""Tune the Triton norm backward (``hal.backends.cuda.kernels.norms.norm_backward``) on a GPU: GPU time
+of every plan (:class:`~hal.backends.cuda.kernels.norms.BwdPlan`) at each row width, beside torch's and
+Liger-Kernel's backward, for layer_norm (with a bias) and rms_norm, float32 and bfloat16.
+
+Plans: ``two-stage`` (dx row kernel + column-tiled dw/db) and ``fused`` (one kernel over strips of rows)
+for every (programs per SM, warps) in the grid below. Each plan's dx and dw are
+checked against the shipped plan's (relative error, field ``rel_err``). Timing: the GPU time of one
+call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the host enqueues, events
+around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
+``torch.autograd.grad`` over a retained graph.
+
+Prints, per (op, dtype, shape), the best plan against torch, Liger and the shipped plan
+(``norms.bwd_plan``, column ``shipped``), and per (op, dtype, row block) the plan with the lowest
+geometric mean of time / best time over the shapes of that block: the ``BWD_TUNED`` entries, in the
+JSON's ``tuned`` field (``{"rms_norm/float32/16384": [programs_per_sm, warps] | null}``, null: the
+two-stage plan wins).
+
+Usage:  python benchmarks/tune_norm_bwd.py --json out.json [--dtypes float32,bfloat16] [--quick]
+Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = ((4096, 1024), (4096, 4096), (16384, 4096), (8192, 8192), (4096, 16384), (16384, 16384), (2048, 32768))
+QUICK = ((4096, 4096), (16384, 16384))
+#: warps tried per row block
+WARPS = {1024: (4, 8), 2048: (4, 8), 4096: (4, 8, 16), 8192: (8, 16), 16384: (8, 16, 32), 32768: (16, 32)}
+PROGRAMS_PER_SM = (1, 2, 4, 8)
+
+
+def plans(n: int) -> list[tuple[str, object]]:
+    from hal.backends.cuda.kernels import norms
+    block = norms.next_power_of_2(n)
+    out = []
+    out.append(("two-stage", norms.two_stage_plan(n)))
+    for w in WARPS.get(block, (8,)):
+        for p in PROGRAMS_PER_SM:
+            out.append((f"fused p{p} w{w}", norms.BwdPlan(True, block, True, w, p)))
+    return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--quick", action="store_true", help=f"shapes {QUICK} only")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tune_norm_bwd: no CUDA device", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        print(f"tune_norm_bwd: no Triton ({exc})", file=sys.stderr)
+        return 2
+    from bench_kernels import Timer, _liger, environment
+    from tabulate import tabulate
+
+    dev = torch.device("cuda")
+    timer = Timer(dev, repeats=7)
+    LF = _liger(dev)
+    rows_out: list[dict] = []
+    summary = []
+    for dn in args.dtypes.split(","):
+        dtype = getattr(torch, dn)
+        for m, n in (QUICK if args.quick else SHAPES):
+            for op in ("layer_norm", "rms_norm"):
+                rec = case(op, dtype, m, n, timer, LF)
+                rows_out.append(rec)
+                ok = rec["plans"][rec["best"]]["us"]
+                summary.append([op, dn, f"{m}x{n}", round(rec["torch_us"], 1), _r(rec["liger_us"]),
+                                round(rec["shipped_us"], 1), rec["best"], round(ok, 1), round(rec["torch_us"] / ok, 2),
+                                None if rec["liger_us"] is None else round(rec["liger_us"] / ok, 2)])
+                print(json.dumps({k: v for k, v in rec.items() if k != "plans"}), flush=True)
+                torch.cuda.empty_cache()
+    print(tabulate(summary, headers=["op", "dtype", "shape", "torch", "liger", "shipped", "best plan", "best",
+                                     "x torch", "x liger"]))
+    tuned = choose(rows_out)
+    print("BWD_TUNED:", json.dumps(tuned))
+    doc = {"environment": environment(dev), "timing": "GPU us per call (bench_kernels device timing)",
+           "rows": rows_out, "tuned": tuned}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    return 0
+
+
+def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
+    """One (op, dtype, shape): torch's, Liger's, the shipped plan's and every plan's GPU time."""
+    import dataclasses
+
+    from hal.backends.cuda.kernels import norms
+    dev = torch.device("cuda")
+    is_rms = op == "rms_norm"
+    x, dy = (torch.randn(m, n, device=dev, dtype=dtype) for _ in range(2))
+    w, b = (torch.randn(n, device=dev, dtype=dtype) for _ in range(2))
+    bias = None if is_rms else b
+    _, _, mean, rstd = norms.norm_forward(x, None, w, bias, 1e-6, is_rms, n)
+
+    def ours(plan=None):
+        return norms.norm_backward(dy, x, w, not is_rms, mean, rstd, None, is_rms, n, plan=plan)
+
+    def grad_of(y, leaves):
+        # its own copy of dy: Liger's rms_norm backward writes dx into its grad_output
+        g = dy.clone()
+        return lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)
+    ref = ours()
+    leaves = [t.detach().requires_grad_() for t in ((x, w) if is_rms else (x, w, b))]
+    if is_rms:
+        yt = F.rms_norm(leaves[0], (n,), leaves[1], 1e-6)
+    else:
+        yt = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-6)
+    rec = {"op": op, "dtype": str(dtype).replace("torch.", ""), "shape": [m, n],
+           "torch_us": timer.device_time(grad_of(yt, leaves)), "liger_us": None}
+    if LF is not None:
+        yl = (LF.liger_rms_norm(leaves[0], leaves[1], 1e-6) if is_rms
+              else LF.liger_layer_norm(leaves[0], leaves[1], leaves[2], 1e-6))
+        rec["liger_us"] = timer.device_time(grad_of(yl, leaves))
+    rec["plans"] = {}
+    for name, plan in plans(n):
+        try:
+            got = ours(plan)
+            err = max(rel_err(got[0], ref[0]), rel_err(got[1], ref[1]))
+            rec["plans"][name] = {"us": timer.device_time(lambda _p=plan: ours(_p)), "rel_err": err}
+        except Exception as exc:  # one failing plan must not lose the others
+            rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    ok = {k: v["us"] for k, v in rec["plans"].items() if "us" in v and v["rel_err"] < 0.05}
+    if not ok:
+        raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within 5% of the shipped plan's result: "
+                           + json.dumps(rec["plans"])[:2000])
+    rec["best"] = min(ok, key=ok.get)
+    rec["shipped"] = dataclasses.asdict(norms.bwd_plan(n, dtype, is_rms))
+    rec["shipped_us"] = timer.device_time(ours)
+    return rec
+
+
+def _r(v: Optional[float]) -> Optional[float]:
+    return None if v is None else round(v, 1)
+
+
+def choose(rows: list[dict]) -> dict:
+    """Per (op, dtype, row block): the plan with the lowest geometric mean of time / best time over
+    its cases; ``[programs_per_sm, warps]`` for a fused plan, None when two-stage wins."""
+    from hal.backends.cuda.kernels._rows import next_power_of_2
+    groups: dict = {}
+    for r in rows:
+        key = f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}"
+        ok = {k: v["us"] for k, v in r["plans"].items() if "us" in v and v["rel_err"] < 0.05}
+        if not ok:
+            continue
+        best = min(ok.values())
+        g = groups.setdefault(key, {})
+        for k, us in ok.items():
+            g.setdefault(k, []).append(math.log(us / best))
+    out = {}
+    for key, g in groups.items():
+        n_cases = max(len(v) for v in g.values())
+        name = min((k for k, v in g.items() if len(v) == n_cases), key=lambda k: sum(g[k]))
+        if name == "two-stage":
+            out[key] = None
+        else:
+            out[key] = [int(t[1:]) for t in name.split()[1:]]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
