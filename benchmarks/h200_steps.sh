@@ -5,7 +5,16 @@ failed=0
 want() { [ -z "${H200_STEPS:-}" ] || [[ ",$H200_STEPS," == *",$1,"* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 # run LIMIT_S CMD...: a failing or timed-out step is reported and counted, and the script goes on
-run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }; return 0; }
+# (in its own process group, killed whole on time-out: pytest-xdist workers must not outlive their step and
+# load the GPU and CPU under the next step's timings)
+run() {
+  local limit=$1; shift
+  setsid timeout "$limit" "$@" & local pid=$!
+  wait $pid; local rc=$?
+  kill -9 -- -$pid 2>/dev/null
+  [ $rc -ne 0 ] && { echo "!!! failed (exit $rc): $*"; failed=$((failed + 1)); }
+  return 0
+}
 # the wheels carried in .whl/ (the image lacks them) into /tmp/site, then this checkout, editable
 install_project() {
   if ls .whl/*.whl >/dev/null 2>&1; then
