@@ -79,7 +79,14 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/e2e_gpt2small.json": _req("speedup_vs_torch", "speedup_vs_compile", "median_ms", "loss_curves",
                                             "loss_max_rel_diff", "environment"),
     "reports/cuda/routing.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
+    "reports/cuda/routing-*.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
     "reports/cuda/kern_timing.json": _req("routing", "rows", rows={"type": "array"}),
+    "reports/cuda/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
+    # benchmarks/tune_norm_bwd.py: every norm backward plan's GPU time per width, and the chosen table
+    "reports/cuda/tune_norm_bwd.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
+                                            tuned={"type": "object", "minProperties": 1}),
+    # benchmarks/bench_host_path.py: host time per layer of the kernel path
+    "reports/cuda/host_path-*.json": _req("environment", "timing", "rows", rows={"type": "array", "minItems": 1}),
     "reports/cuda/launch-experiment-*/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
     "reports/cuda/launch-experiment-*/routing-*.json": _req("measured", "default", "ops", "sweep"),
     "reports/h200/*/env.json": ENV_FINGERPRINT,
