@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from bench_kernels import environment, triton_gpu_missing
 
 
 def host_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
@@ -89,8 +90,9 @@ def grad_unit(fn: Callable, args: tuple, diff: tuple, retain: bool) -> Callable[
     return unit
 
 
-def cases(dtype: torch.dtype) -> list[dict]:
-    """Per op: the torch call, the hal.ops call, the wrapper, its forward/backward functions and raw launch."""
+def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
+    """Per op: the torch call, the hal.ops call, the wrapper, its forward/backward functions and raw
+    launch; and a one-argument Triton kernel's launch."""
     import triton
     import triton.language as tl
 
@@ -155,17 +157,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_host_path: no CUDA device", file=sys.stderr)
-        return 2
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:
-        print(f"bench_host_path: no Triton ({exc})", file=sys.stderr)
+    why = triton_gpu_missing("bench_host_path")
+    if why:
+        print(why, file=sys.stderr)
         return 2
     from tabulate import tabulate
-
-    from bench_kernels import environment
 
     from hal.backends.cuda.kernels import routing
     rows, profiles = [], {}

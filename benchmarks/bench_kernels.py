@@ -648,6 +648,18 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+def triton_gpu_missing(prog: str) -> Optional[str]:
+    """The one-line reason ``prog`` (a benchmark of the Triton kernels themselves) cannot run here, or
+    None: it needs a CUDA device and an importable Triton (the scripts then exit 2)."""
+    if not torch.cuda.is_available():
+        return f"{prog}: no CUDA device (torch.cuda.is_available() is False)"
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return f"{prog}: no Triton ({exc})"
+    return None
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -28,19 +28,24 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from bench_kernels import Timer, _liger, environment, triton_gpu_missing
+
+from hal.backend import dtype_name
 
 SHAPES = ((4096, 1024), (4096, 4096), (16384, 4096), (8192, 8192), (4096, 16384), (16384, 16384), (2048, 32768))
 QUICK = ((4096, 4096), (16384, 16384))
 #: warps tried per row block
 WARPS = {1024: (4, 8), 2048: (4, 8), 4096: (4, 8, 16), 8192: (8, 16), 16384: (8, 16, 32), 32768: (16, 32)}
 PROGRAMS_PER_SM = (1, 2, 4, 8)
+#: a plan whose dx or dw differs from the shipped plan's by more than this (relative to its largest
+#: element) is not a candidate
+REL_ERR_OK = 0.05
 
 
 def plans(n: int) -> list[tuple[str, object]]:
     from hal.backends.cuda.kernels import norms
     block = norms.next_power_of_2(n)
-    out = []
-    out.append(("two-stage", norms.two_stage_plan(n)))
+    out = [("two-stage", norms.two_stage_plan(n))]
     for w in WARPS.get(block, (8,)):
         for p in PROGRAMS_PER_SM:
             out.append((f"fused p{p} w{w}", norms.BwdPlan(True, block, True, w, p)))
@@ -52,21 +57,21 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def candidates(plans: dict) -> dict:
+    """``{plan name: us}`` of the plans of one case that ran and agree with the shipped plan."""
+    return {k: v["us"] for k, v in plans.items() if "us" in v and v["rel_err"] < REL_ERR_OK}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--quick", action="store_true", help=f"shapes {QUICK} only")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("tune_norm_bwd: no CUDA device", file=sys.stderr)
+    why = triton_gpu_missing("tune_norm_bwd")
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:
-        print(f"tune_norm_bwd: no Triton ({exc})", file=sys.stderr)
-        return 2
-    from bench_kernels import Timer, _liger, environment
     from tabulate import tabulate
 
     dev = torch.device("cuda")
@@ -123,7 +128,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
         yt = F.rms_norm(leaves[0], (n,), leaves[1], 1e-6)
     else:
         yt = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-6)
-    rec = {"op": op, "dtype": str(dtype).replace("torch.", ""), "shape": [m, n],
+    rec = {"op": op, "dtype": dtype_name(dtype), "shape": [m, n],
            "torch_us": timer.device_time(grad_of(yt, leaves)), "liger_us": None}
     if LF is not None:
         yl = (LF.liger_rms_norm(leaves[0], leaves[1], 1e-6) if is_rms
@@ -137,9 +142,9 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
             rec["plans"][name] = {"us": timer.device_time(lambda _p=plan: ours(_p)), "rel_err": err}
         except Exception as exc:  # one failing plan must not lose the others
             rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = {k: v["us"] for k, v in rec["plans"].items() if "us" in v and v["rel_err"] < 0.05}
+    ok = candidates(rec["plans"])
     if not ok:
-        raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within 5% of the shipped plan's result: "
+        raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within {REL_ERR_OK:.0%} of the shipped plan's result: "
                            + json.dumps(rec["plans"])[:2000])
     rec["best"] = min(ok, key=ok.get)
     rec["shipped"] = dataclasses.asdict(norms.bwd_plan(n, dtype, is_rms))
@@ -158,7 +163,7 @@ def choose(rows: list[dict]) -> dict:
     groups: dict = {}
     for r in rows:
         key = f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}"
-        ok = {k: v["us"] for k, v in r["plans"].items() if "us" in v and v["rel_err"] < 0.05}
+        ok = candidates(r["plans"])
         if not ok:
             continue
         best = min(ok.values())

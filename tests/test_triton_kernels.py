@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hal.backend import dtype_name
+
 
 
 def _why_not() -> str:
@@ -311,7 +313,7 @@ def test_norm_backward_plans(k, dtype, n, kind):
     for is_rms in (False, True):
         if kind == "shipped":
             plan = norms.bwd_plan(n, dtype, is_rms)
-            tuned = norms.BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", str(dtype)[6:], block), "absent")
+            tuned = norms.BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", dtype_name(dtype), block), "absent")
             if tuned is None:
                 assert not plan.fused
             elif tuned != "absent":

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from hal.backend import dtype_name
 from hal.backends.cuda.kernels import routing, supports_add_rms_norm, supports_layer_norm, supports_rms_norm
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.ops import torch_impl
@@ -301,7 +302,7 @@ def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool) -> BwdPlan:
     p = _bwd_params.get(key)
     if p is None:
         block = next_power_of_2(n)
-        tkey = ("rms_norm" if is_rms else "layer_norm", str(dtype).replace("torch.", ""), block)
+        tkey = ("rms_norm" if is_rms else "layer_norm", dtype_name(dtype), block)
         if tkey not in BWD_TUNED:
             p = default_bwd_plan(n)
         elif BWD_TUNED[tkey] is None:
