@@ -10,11 +10,17 @@ layers from the outside in:
 - ``wrapper``: the kernel wrapper with routing forced to the kernel (``routing.using("triton")``);
 - ``fwd_fn``: the wrapper's forward function (``norm_forward`` ...) called directly;
 - ``launch``: the bare Triton launch with preallocated outputs (``kernel[grid](...)``);
+- ``direct``: the same launch through the kernel's :class:`~hal.backends.cuda.kernels.launcher.Launcher`
+  (the compiled kernel's C launcher, called directly);
 - ``empty``: the output allocations alone;
 - ``triton_nop``: a one-argument Triton kernel's launch (Triton's own floor);
 
 and, forward + backward (``torch.autograd.grad``), ``torch train``, ``wrapper train``, ``autograd
 bwd`` (backward only, graph retained) and ``bwd_fn`` (the backward function called directly).
+
+Every case runs once per launch path (``--via bound,triton``: the wrappers' launches through
+:mod:`~hal.backends.cuda.kernels.launcher` directly, or through Triton's own ``kernel[grid](...)``), side by
+side in one process; rows carry ``via``.
 
 Host time: ``perf_counter`` around N back-to-back calls, stopped before the sync (the GPU work of
 these shapes is shorter than the host's, so nothing waits on the GPU), divided by N; median of the
@@ -113,6 +119,12 @@ def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
         norms._norm_fwd[(m,)](x, x, y, y, w, w, rstd, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-6,
                               BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, num_warps=warps)
 
+    rms_args = (x, x, y, y, w, w, rstd, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-6)
+    rms_meta = dict(BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, num_warps=warps)
+
+    def rms_direct():
+        norms._FWD((m, 1, 1), (x.get_device(), "bench", dtype), rms_args, rms_meta)
+
     def ln_launch():
         norms._norm_fwd[(m,)](x, x, y, y, w, b, mean, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-5,
                               BLOCK=block, IS_RMS=False, HAS_RES=False, HAS_W=True, HAS_B=True, num_warps=warps)
@@ -125,7 +137,7 @@ def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
          "wrapper": lambda a, c: norms.rms_norm(a, (n,), c, 1e-6),
          "fwd_fn": lambda: norms.norm_forward(x, None, w, None, 1e-6, True, n),
          "bwd_fn": lambda: norms.norm_backward(dy, x, w, False, None, rs, None, True, n),
-         "launch": rms_launch,
+         "launch": rms_launch, "direct": rms_direct,
          "empty": lambda: (torch.empty((m, n), dtype=dtype, device=dev), torch.empty(m, dtype=torch.float32, device=dev))},
         {"op": "layer_norm", "shape": [m, n], "args": (x, w, b), "diff": (0, 1, 2),
          "torch": lambda a, c, d: F.layer_norm(a, (n,), c, d, 1e-5),
@@ -156,6 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--via", default="bound,triton", help="launch paths to compare (launcher.MODES)")
     args = ap.parse_args(argv)
     why = triton_gpu_missing("bench_host_path")
     if why:
@@ -163,13 +176,14 @@ def main(argv=None) -> int:
         return 2
     from tabulate import tabulate
 
-    from hal.backends.cuda.kernels import routing
+    from hal.backends.cuda.kernels import launcher, routing
     rows, profiles = [], {}
-    for dn in args.dtypes.split(","):
+    for via, dn in [(v, d) for d in args.dtypes.split(",") for v in args.via.split(",")]:
+        launcher.MODE = via
         dtype = getattr(torch, dn)
         cs, nop = cases(dtype)
         for c in cs:
-            rec = {"op": c["op"], "dtype": dn, "shape": c["shape"]}
+            rec = {"op": c["op"], "dtype": dn, "via": via, "shape": c["shape"]}
             a = c["args"]
             t = lambda f: host_us(f, args.calls, args.repeats)  # noqa: E731
             with torch.no_grad():
@@ -180,6 +194,8 @@ def main(argv=None) -> int:
                 rec["fwd_fn"] = t(c["fwd_fn"])
                 if "launch" in c:
                     rec["launch"] = t(c["launch"])
+                if "direct" in c and via != "triton":
+                    rec["direct"] = t(c["direct"])
                 if "empty" in c:
                     rec["empty"] = t(c["empty"])
             rec["torch train"] = t(grad_unit(c["torch"], a, c["diff"], False))
@@ -190,22 +206,26 @@ def main(argv=None) -> int:
             rec["torch autograd bwd"] = t(grad_unit(c["torch"], a, c["diff"], True))
             if "bwd_fn" in c:
                 rec["bwd_fn"] = t(c["bwd_fn"])
-            if args.profile and c["op"] == "rms_norm":
+            if args.profile and c["op"] == "rms_norm" and via == args.via.split(",")[0]:
                 with routing.using("triton"):
                     with torch.no_grad():
                         profiles[f"{c['op']} {dn} wrapper fwd"] = profile_text(functools.partial(c["wrapper"], *a), 500)
                     profiles[f"{c['op']} {dn} wrapper train"] = profile_text(grad_unit(c["wrapper"], a, c["diff"], False), 300)
             rows.append(rec)
             print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in rec.items()}), flush=True)
-        rows.append({"op": "triton_nop", "dtype": dn, "shape": [16], "launch": host_us(nop, args.calls, args.repeats)})
-    cols = ["torch", "hal.ops", "wrapper", "fwd_fn", "launch", "empty", "torch train", "hal.ops train",
+        if via == args.via.split(",")[0]:
+            rows.append({"op": "triton_nop", "dtype": dn, "via": "triton", "shape": [16],
+                         "launch": host_us(nop, args.calls, args.repeats)})
+    launcher.MODE = "bound"
+    cols = ["torch", "hal.ops", "wrapper", "fwd_fn", "launch", "direct", "empty", "torch train", "hal.ops train",
             "wrapper train", "autograd bwd", "torch autograd bwd", "bwd_fn"]
-    print(tabulate([[r["op"], r["dtype"]] + [None if r.get(k) is None else round(r[k], 1) for k in cols] for r in rows],
-                   headers=["op", "dtype"] + cols))
+    print(tabulate([[r["op"], r["dtype"], r["via"]] + [None if r.get(k) is None else round(r[k], 1) for k in cols]
+                    for r in rows], headers=["op", "dtype", "via"] + cols))
     for k, v in profiles.items():
         print(f"\n--- cProfile: {k}\n{v}")
     doc = {"environment": environment(torch.device("cuda")),
            "timing": "host us per call: perf_counter around back-to-back calls, stopped before the sync; median",
+           "via": "the wrappers' launch path: bound = launcher.Launcher's direct C launch, triton = kernel[grid](...)",
            "rows": rows, "profiles": profiles}
     if args.json:
         with open(args.json, "w") as fh:

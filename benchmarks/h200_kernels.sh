@@ -8,10 +8,10 @@
 #
 # Usage, from the project root:  OUT=/some/dir bash benchmarks/h200_kernels.sh
 # Writes directly in $OUT: h200_kernels.log, env.json, routing.json, bench_kernels.json,
-# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
+# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json, host_path.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
 # ...) are installed first when present. Each step has its own time limit; a failing step does not
 # stop the rest; the exit status is the number of failed steps. H200_STEPS picks steps (comma-separated:
-# tests,forced,sweep,bench,e2e,timing,dispatch,tune; default all); without the sweep, the benchmarks route by
+# tests,forced,host,sweep,bench,e2e,timing,dispatch,tune; default all); without the sweep, the benchmarks route by
 # the shipped table (backends/cuda/kernels/routing.json).
 set -u
 OUT=${OUT:-$PWD/out}
@@ -30,14 +30,20 @@ $PY -c "import liger_kernel.transformers.functional; print('liger ok')" || echo 
 
 if want tests; then
 step "GPU tests (kernels forced by their module; the fused head; the backend)"
-run 240 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -n 8 -p no:cacheprovider -p no:randomly \
-    tests/test_triton_kernels.py tests/test_kernel_routing.py tests/test_linear_cross_entropy.py tests/test_cuda_backend.py \
-    tests/test_ops.py
+# HAL_TRITON_LAUNCH=check: every direct launch is checked against the kernel Triton would have run
+run 240 env HAL_REQUIRE_BACKENDS=cuda HAL_TRITON_LAUNCH=check $PY -m pytest -q -rs -n 8 -p no:cacheprovider \
+    -p no:randomly tests/test_triton_launch.py tests/test_triton_kernels.py tests/test_kernel_routing.py \
+    tests/test_linear_cross_entropy.py tests/test_cuda_backend.py tests/test_ops.py
 fi
 if want forced; then
 step "the backend's training step with every call on the kernels (HAL_CUDA_ROUTING=triton)"
 run 30 env HAL_CUDA_ROUTING=triton $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly tests/test_cuda_backend.py \
     -k "training_step or routes_to_triton"
+fi
+
+if want host; then
+step "host time per call of each layer of the kernel path, direct launch and Triton's side by side"
+run 150 $PY benchmarks/bench_host_path.py --via bound,triton --profile --json "$OUT/host_path.json"
 fi
 
 ROUTING=backends/cuda/kernels/routing.json

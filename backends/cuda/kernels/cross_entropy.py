@@ -27,6 +27,7 @@ import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_cross_entropy
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
+from hal.backends.cuda.kernels.launcher import Launcher, aligned
 from hal.backends.cuda.kernels.softmax import _online_max_sum
 
 #: rows up to this many classes take one program per row (one launch); longer rows are split into
@@ -102,6 +103,9 @@ def _ce_bwd(X, T, Lse, G, DX, stride_x, stride_dx, V, BLOCK: tl.constexpr):
     tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+_FWD, _PARTIAL, _COMBINE, _BWD = Launcher(_ce_fwd), Launcher(_ce_partial), Launcher(_ce_combine), Launcher(_ce_bwd)
+
+
 def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     """Per-row float32 ``(loss, lse)`` for 2-D ``logits`` ``[rows, classes]`` and ``target`` ``[rows]``."""
     x2 = as_rows(logits)
@@ -112,17 +116,24 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     if not rows:
         return x2, t, loss, lse
     chunk = _chunk(x2)
+    ignore = int(ignore_index)
+    # launch keys (launcher's contract): device, dtypes, the int arguments' values, the block (constexpr)
+    base = (x2.get_device(), x2.dtype, t.dtype, x2.stride(0), v, ignore) if aligned(x2, t, loss, lse) else None
     if v <= _SINGLE or rows >= LOOP_ROWS_PER_SM * sm_count(logits.device):
         block = next_power_of_2(v) if v <= _SINGLE else chunk
-        _ce_fwd[(rows,)](x2, t, loss, lse, x2.stride(0), v, int(ignore_index), BLOCK=block,
-                         num_warps=num_warps_for(block))
+        _FWD((rows, 1, 1), None if base is None else base + (block,), (x2, t, loss, lse, x2.stride(0), v, ignore),
+             dict(BLOCK=block, num_warps=num_warps_for(block)))
     else:
         nch = triton.cdiv(v, chunk)
         pm = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
         ps = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
-        _ce_partial[(rows, nch)](x2, pm, ps, x2.stride(0), v, nch, BLOCK=chunk, num_warps=num_warps_for(chunk))
-        _ce_combine[(rows,)](x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, int(ignore_index),
-                             CB=max(16, next_power_of_2(nch)), num_warps=1)
+        if base is not None and not aligned(pm, ps):
+            base = None
+        key = None if base is None else base + (chunk, nch)
+        _PARTIAL((rows, nch, 1), key, (x2, pm, ps, x2.stride(0), v, nch),
+                 dict(BLOCK=chunk, num_warps=num_warps_for(chunk)))
+        _COMBINE((rows, 1, 1), key, (x2, t, pm, ps, loss, lse, x2.stride(0), v, nch, ignore),
+                 dict(CB=max(16, next_power_of_2(nch)), num_warps=1))
     return x2, t, loss, lse
 
 
@@ -133,8 +144,10 @@ def ce_backward(x2, t, lse, per_row, out: Optional[torch.Tensor] = None):
     dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device) if out is None else out
     block = min(next_power_of_2(v), _chunk(x2))
     if rows:
-        _ce_bwd[(rows, triton.cdiv(v, block))](x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v, BLOCK=block,
-                                               num_warps=num_warps_for(block))
+        args = (x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v)
+        key = (x2.get_device(), x2.dtype, t.dtype, dx.dtype, block) + args[5:] \
+            if aligned(x2, t, lse, per_row, dx) else None
+        _BWD((rows, triton.cdiv(v, block), 1), key, args, dict(BLOCK=block, num_warps=num_warps_for(block)))
     return dx
 
 

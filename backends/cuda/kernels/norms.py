@@ -37,6 +37,7 @@ import triton.language as tl
 from hal.backend import dtype_name
 from hal.backends.cuda.kernels import routing, supports_add_rms_norm, supports_layer_norm, supports_rms_norm
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
+from hal.backends.cuda.kernels.launcher import Launcher, aligned, int_class
 from hal.ops import torch_impl
 
 #: untuned widths: rows up to this many elements take the fused one-kernel backward; wider rows the two-stage one
@@ -230,6 +231,8 @@ def _norm_bwd_dwdb(DY, X, Mean, Rstd, DWP, DBP, stride_dy, stride_x, M, N, rows_
         tl.store(DBP + group * N + cols, tl.sum(db, 0), mask=cmask)
 
 
+_FWD, _BWD, _BWD_DX, _BWD_DWDB = Launcher(_norm_fwd), Launcher(_norm_bwd), Launcher(_norm_bwd_dx), Launcher(_norm_bwd_dwdb)
+
 #: launch parameters per row width (computed once per N): forward (block, warps); backward below
 _fwd_params: dict = {}
 _bwd_params: dict = {}
@@ -348,12 +351,17 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
     block, warps = _fwd(n)
     w, b = _flat(weight), _flat(bias)
     if rows:
-        _norm_fwd[(rows,)](x2, x2 if r2 is None else r2, y, y if h is None else h, x2 if w is None else w,
-                           x2 if b is None else b, rstd if mean is None else mean, rstd,
-                           x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
-                           0 if h is None else h.stride(0), n, float(eps), BLOCK=block, IS_RMS=is_rms,
-                           HAS_RES=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
-                           num_warps=warps)
+        r_, h_ = (x2, y) if r2 is None else (r2, h)
+        w_ = x2 if w is None else w
+        b_ = x2 if b is None else b
+        args = (x2, r_, y, h_, w_, b_, rstd if mean is None else mean, rstd, x2.stride(0), r_.stride(0), y.stride(0),
+                h_.stride(0), n, float(eps))
+        # the launch key (launcher's contract): the tensors' device and dtypes, the int arguments' values, the
+        # constexprs (block and warps follow from n); every pointer checked for alignment
+        key = (x2.get_device(), x2.dtype, r_.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
+               is_rms, r2 is None) + args[8:13] if aligned(x2, r_, y, h_, w_, b_, rstd, args[6]) else None
+        _FWD((rows, 1, 1), key, args, dict(BLOCK=block, IS_RMS=is_rms, HAS_RES=r2 is not None, HAS_W=w is not None,
+                                           HAS_B=b is not None, num_warps=warps))
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), mean, rstd
 
 
@@ -372,31 +380,42 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     w = _flat(weight)
     plan = plan or bwd_plan(n, x.dtype, is_rms)
     mean_ = rstd if mean is None else mean
+    w_ = x2 if w is None else w
+    dh_ = dy2 if dh2 is None else dh2
+    # launch keys (launcher's contract): device, dtypes, which optional tensors are there, the plan (its
+    # constexprs), and the int arguments' values or, for row counts, their specialisation class
+    base = (x2.get_device(), dy2.dtype, x2.dtype, w_.dtype, dh_.dtype, is_rms, has_w, has_bias, dh2 is None,
+            plan.block, plan.single, plan.warps) if aligned(dy2, x2, w_, mean_, rstd, dh_, dx) else None
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
         dw_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_w else None
         db_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_bias else None
         if rows:
-            _norm_bwd[(progs,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
-                                rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-                                dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0),
-                                rows, n, per, BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
-                                HAS_DH=dh2 is not None, num_warps=plan.warps)
+            args = (dy2, x2, w_, mean_, rstd, dh_, dx, rstd if dw_part is None else dw_part,
+                    rstd if db_part is None else db_part, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0),
+                    rows, n, per)
+            key = None if base is None or not aligned(args[7], args[8]) else \
+                base + args[9:13] + (int_class(rows), n, int_class(per))
+            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+                                                HAS_DH=dh2 is not None, num_warps=plan.warps))
     else:
-        _norm_bwd_dx[(rows,)](dy2, x2, x2 if w is None else w, mean_, rstd, dy2 if dh2 is None else dh2, dx,
-                              dy2.stride(0), x2.stride(0), 0 if dh2 is None else dh2.stride(0), dx.stride(0), n,
-                              TILE=plan.block, SINGLE=plan.single, IS_RMS=is_rms, HAS_W=has_w,
-                              HAS_DH=dh2 is not None, num_warps=plan.warps)
+        args = (dy2, x2, w_, mean_, rstd, dh_, dx, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0), n)
+        _BWD_DX((rows, 1, 1), None if base is None else base + args[7:], args,
+                dict(TILE=plan.block, SINGLE=plan.single, IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh2 is not None,
+                     num_warps=plan.warps))
         dw_part = db_part = None
         if has_w or has_bias:
             groups, per = dw_groups(rows, n, sm_count(dev))
             dw_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_w else None
             db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_bias else None
-            _norm_bwd_dwdb[(-(-n // DW_BLOCK_N), groups)](
-                dy2, x2, mean_, rstd, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-                dy2.stride(0), x2.stride(0), rows, n, per, BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N,
-                IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, num_warps=8)
+            args = (dy2, x2, mean_, rstd, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+                    dy2.stride(0), x2.stride(0), rows, n, per)
+            key = None if base is None or not aligned(args[4], args[5]) else \
+                base + args[6:8] + (int_class(rows), n, int_class(per))
+            _BWD_DWDB((-(-n // DW_BLOCK_N), groups, 1), key, args,
+                      dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+                           num_warps=8))
     dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
     db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
     return dx.view(x.shape), dw, db

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_silu_and_mul
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, self_checking
+from hal.backends.cuda.kernels.launcher import Launcher, aligned
 from hal.ops import torch_impl
 
 _BLOCK = 2048
@@ -53,6 +54,9 @@ def _warps(block: int) -> int:
     return 8 if block >= 2048 else 4 if block >= 512 else 1
 
 
+_FWD, _BWD = Launcher(_silu_mul_fwd), Launcher(_silu_mul_bwd)
+
+
 def silu_and_mul_forward(x: torch.Tensor) -> torch.Tensor:
     x2 = as_rows(x)
     rows, two_d = x2.shape
@@ -60,8 +64,10 @@ def silu_and_mul_forward(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     block = _block(d)
     if rows and d:
-        _silu_mul_fwd[(rows, triton.cdiv(d, block))](x2, y, x2.stride(0), y.stride(0), d, BLOCK=block,
-                                                     num_warps=_warps(block))
+        args = (x2, y, x2.stride(0), y.stride(0), d)
+        # the launch key (launcher's contract): device, dtype, int arguments (the block follows from d)
+        key = (x2.get_device(), x2.dtype) + args[2:] if aligned(x2, y) else None
+        _FWD((rows, triton.cdiv(d, block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
     return y.view(*x.shape[:-1], d)
 
 
@@ -72,8 +78,9 @@ def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dx = torch.empty((rows, two_d), dtype=x.dtype, device=x.device)
     block = _block(d)
     if rows and d:
-        _silu_mul_bwd[(rows, triton.cdiv(d, block))](dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d,
-                                                     BLOCK=block, num_warps=_warps(block))
+        args = (dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d)
+        key = (x2.get_device(), dy2.dtype, x2.dtype) + args[3:] if aligned(dy2, x2, dx) else None
+        _BWD((rows, triton.cdiv(d, block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
     return dx.view(x.shape)
 
 

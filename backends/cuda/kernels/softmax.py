@@ -17,6 +17,7 @@ import triton.language as tl
 
 from hal.backends.cuda.kernels import routing, supports_softmax
 from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for, self_checking
+from hal.backends.cuda.kernels.launcher import Launcher, aligned
 
 _BWD_BLOCK = 4096
 
@@ -99,17 +100,22 @@ def _softmax_bwd(DY, Y, DX, stride_dy, stride_y, stride_dx, N, BLOCK: tl.constex
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+_FWD, _FWD_LOOP, _BWD = Launcher(_softmax_fwd), Launcher(_softmax_fwd_loop), Launcher(_softmax_bwd)
+
+
 def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Softmax (or log_softmax) of ``x`` over its last dim, stored as ``out_dtype`` (default x's)."""
     x2 = as_rows(x)
     rows, n = x2.shape
     y = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     block = next_power_of_2(n)
+    args = (x2, y, x2.stride(0), y.stride(0), n)
+    # the launch key (launcher's contract): device, dtypes, int arguments, LOG (the block follows from n)
+    key = (x2.get_device(), x2.dtype, y.dtype, log) + args[2:] if aligned(x2, y) else None
     if block <= MAX_BLOCK:
-        _softmax_fwd[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, LOG=log,
-                              num_warps=num_warps_for(block))
+        _FWD((rows, 1, 1), key, args, dict(BLOCK=block, LOG=log, num_warps=num_warps_for(block)))
     else:
-        _softmax_fwd_loop[(rows,)](x2, y, x2.stride(0), y.stride(0), n, BLOCK=8192, LOG=log, num_warps=16)
+        _FWD_LOOP((rows, 1, 1), key, args, dict(BLOCK=8192, LOG=log, num_warps=16))
     return y.view(x.shape)
 
 
@@ -118,8 +124,9 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: tor
     rows, n = y2.shape
     dx = torch.empty((rows, n), dtype=in_dtype, device=y.device)
     block = min(next_power_of_2(n), _BWD_BLOCK)
-    _softmax_bwd[(rows,)](dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n, BLOCK=block, LOG=log,
-                          num_warps=num_warps_for(block))
+    args = (dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n)
+    key = (y2.get_device(), dy2.dtype, y2.dtype, dx.dtype, log) + args[3:] if aligned(dy2, y2, dx) else None
+    _BWD((rows, 1, 1), key, args, dict(BLOCK=block, LOG=log, num_warps=num_warps_for(block)))
     return dx.view(y.shape)
 
 
