@@ -468,7 +468,7 @@ def eager(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 # ---- raw Triton sweep and routing table -------------------------------------------------------------
-SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 4096, 16384, 65536), "cpu": (1, 4, 16)}
+SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536), "cpu": (1, 4, 16)}
 SWEEP_WIDTH = {"cuda": {"silu_and_mul": 8192, "cross_entropy": 32000, None: 4096},
                "cpu": {"silu_and_mul": 64, "cross_entropy": 100, None: 32}}
 

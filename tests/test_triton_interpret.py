@@ -244,6 +244,12 @@ def case_softmax_silu():
                 yd.backward(dy.double())
                 _close(torch, y, yd, torch.float32, f"softmax log={log} {shape}")
                 _close(torch, xk.grad, xd.grad, torch.float32, f"softmax log={log} {shape} dx")
+        # the two-pass backward (rows longer than BWD_SINGLE_MAX on a GPU), forced on short rows, tile 64
+        for log in (False, True):
+            y = softmax.softmax_forward(_rand(torch, (4, 300), 21, scale=3.0), log)
+            dy = _rand(torch, (4, 300), 22)
+            _close(torch, softmax.softmax_backward(dy, y, log, torch.float32, plan=(False, 64, 1)),
+                   softmax.softmax_backward(dy, y, log, torch.float32).double(), torch.float32, f"two-pass log={log}")
         x, dy = _rand(torch, (6, 2 * 333), 19, scale=3.0), _rand(torch, (6, 333), 20)
         (xk,), (xd,) = _leaves(torch, x)
         y = silu_and_mul.silu_and_mul(xk)

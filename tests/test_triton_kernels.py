@@ -82,7 +82,7 @@ def test_softmax_forward(k, dtype, shape, log):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(67, 129), (2, 70001)])
+@pytest.mark.parametrize("shape", [(67, 129), (5, 16384), (3, 20000), (2, 70001)])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_backward(k, dtype, shape, log):
     x = rand(shape, dtype, 2).cuda().requires_grad_()
@@ -93,6 +93,21 @@ def test_softmax_backward(k, dtype, shape, log):
     xd = x.detach().cpu().double().requires_grad_()
     (torch.log_softmax if log else torch.softmax)(xd, -1).backward(dy.double())
     check(x.grad, xd.grad, dtype, GRAD_TOL)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("n", [1000, 4096, 20000])
+def test_softmax_backward_single_and_two_pass_plans_agree(k, log, n):
+    sx = k["softmax"]
+    y = sx.softmax_forward(rand((7, n), torch.float32, 5).cuda(), log)
+    dy = rand((7, n), torch.float32, 6).cuda()
+    single = sx.bwd_plan(n)
+    assert single[0]  # rows up to BWD_SINGLE_MAX take the single pass
+    two_pass = (False, sx.BWD_TILE, 8)
+    a = sx.softmax_backward(dy, y, log, torch.float32, plan=single)
+    b = sx.softmax_backward(dy, y, log, torch.float32, plan=two_pass)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not sx.bwd_plan(sx.BWD_SINGLE_MAX + 1)[0]
 
 
 def test_softmax_output_dtype_and_noncontiguous(k):

@@ -118,7 +118,7 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     chunk = _chunk(x2)
     ignore = int(ignore_index)
     # launch keys (launcher's contract): device, dtypes, the int arguments' values, the block (constexpr)
-    base = (x2.get_device(), x2.dtype, t.dtype, x2.stride(0), v, ignore) if aligned(x2, t, loss, lse) else None
+    base = (x2.get_device(), x2.dtype, t.dtype, x2.stride(0), v, ignore) if aligned(x2, t) else None  # the rest: ours
     if v <= _SINGLE or rows >= LOOP_ROWS_PER_SM * sm_count(logits.device):
         block = next_power_of_2(v) if v <= _SINGLE else chunk
         _FWD((rows, 1, 1), None if base is None else base + (block,), (x2, t, loss, lse, x2.stride(0), v, ignore),
@@ -127,8 +127,6 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
         nch = triton.cdiv(v, chunk)
         pm = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
         ps = torch.empty((rows, nch), dtype=torch.float32, device=logits.device)
-        if base is not None and not aligned(pm, ps):
-            base = None
         key = None if base is None else base + (chunk, nch)
         _PARTIAL((rows, nch, 1), key, (x2, pm, ps, x2.stride(0), v, nch),
                  dict(BLOCK=chunk, num_warps=num_warps_for(chunk)))
@@ -146,7 +144,7 @@ def ce_backward(x2, t, lse, per_row, out: Optional[torch.Tensor] = None):
     if rows:
         args = (x2, t, lse, per_row, dx, x2.stride(0), dx.stride(0), v)
         key = (x2.get_device(), x2.dtype, t.dtype, dx.dtype, block) + args[5:] \
-            if aligned(x2, t, lse, per_row, dx) else None
+            if aligned(x2, t, dx) else None  # lse and per_row: ours
         _BWD((rows, triton.cdiv(v, block), 1), key, args, dict(BLOCK=block, num_warps=num_warps_for(block)))
     return dx
 

@@ -16,8 +16,10 @@ it must determine everything Triton specialises the launch on.
   first item is negative (CPU tensors: Triton's interpreter) always launches through Triton.
 - The rest fixes every constexpr and launch option in ``meta`` (their values, or what they are
   computed from), each pointer argument's dtype, and each integer argument's value or
-  :func:`int_class`. Pointers must be 16-byte aligned (:func:`aligned`); for a call where one is not,
-  the caller passes ``key=None`` and Triton launches it.
+  :func:`int_class`. Pointers must be 16-byte aligned: the caller checks the tensors it was given
+  (:func:`aligned`) and passes ``key=None`` for a call where one is not, and Triton launches it. Tensors
+  the caller allocated itself on the device need no check: PyTorch's CUDA allocators hand out blocks
+  aligned to at least 256 bytes (``check`` mode would catch one that is not).
 
 ``HAL_TRITON_LAUNCH`` (read at import; :data:`MODE` may be set later): ``bound`` (default) as above;
 ``check`` as ``bound``, and every direct launch first asks Triton which compiled kernel it would have

@@ -55,7 +55,7 @@ DW_PROGRAMS_PER_SM = 4
 @triton.jit
 def _norm_fwd(X, R, Y, H, W, B, Mean, Rstd, stride_x, stride_r, stride_y, stride_h, N, eps,
               BLOCK: tl.constexpr, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
-              HAS_B: tl.constexpr):
+              HAS_B: tl.constexpr, STATS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -70,10 +70,12 @@ def _norm_fwd(X, R, Y, H, W, B, Mean, Rstd, stride_x, stride_r, stride_y, stride
     else:
         mean = tl.sum(x, 0) / N
         xc = tl.where(mask, x - mean, 0.0)
-        tl.store(Mean + row, mean)
+        if STATS:
+            tl.store(Mean + row, mean)
     var = tl.sum(xc * xc, 0) / N
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(Rstd + row, rstd)
+    if STATS:
+        tl.store(Rstd + row, rstd)
     y = xc * rstd
     if HAS_W:
         y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
@@ -335,8 +337,10 @@ def dw_groups(rows: int, n: int, sms: int) -> tuple[int, int]:
     return -(-rows // per), per
 
 
-def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
-    """Returns ``(y, h, mean, rstd)``; ``h`` is None without a residual, ``mean`` None for RMS."""
+def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int, stats: bool = True):
+    """Returns ``(y, h, mean, rstd)``; ``h`` is None without a residual, ``mean`` None for RMS; without
+    ``stats`` (a forward no backward will follow) the per-row statistics are neither allocated nor
+    written, and ``mean`` and ``rstd`` are None."""
     x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
     rows = x2.shape[0]
     dev = x.device
@@ -346,23 +350,28 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int):
         h = torch.empty((rows, n), dtype=x.dtype, device=dev)
     else:
         r2 = h = None
-    mean = None if is_rms else torch.empty(rows, dtype=torch.float32, device=dev)
-    rstd = torch.empty(rows, dtype=torch.float32, device=dev)
+    mean = torch.empty(rows, dtype=torch.float32, device=dev) if stats and not is_rms else None
+    rstd = torch.empty(rows, dtype=torch.float32, device=dev) if stats else None
     block, warps = _fwd(n)
     w, b = _flat(weight), _flat(bias)
     if rows:
         r_, h_ = (x2, y) if r2 is None else (r2, h)
         w_ = x2 if w is None else w
         b_ = x2 if b is None else b
-        args = (x2, r_, y, h_, w_, b_, rstd if mean is None else mean, rstd, x2.stride(0), r_.stride(0), y.stride(0),
+        s_ = y if rstd is None else rstd  # Mean and Rstd are not written without stats
+        args = (x2, r_, y, h_, w_, b_, s_ if mean is None else mean, s_, x2.stride(0), r_.stride(0), y.stride(0),
                 h_.stride(0), n, float(eps))
         # the launch key (launcher's contract): the tensors' device and dtypes, the int arguments' values, the
-        # constexprs (block and warps follow from n); every pointer checked for alignment
+        # constexprs (block and warps follow from n); the caller's tensors checked for alignment (what this
+        # function allocates comes from PyTorch's CUDA allocator, whose blocks are aligned far beyond 16 bytes)
         key = (x2.get_device(), x2.dtype, r_.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
-               is_rms, r2 is None) + args[8:13] if aligned(x2, r_, y, h_, w_, b_, rstd, args[6]) else None
+               is_rms, r2 is None, stats) + args[8:13] if aligned(x2, r_, w_, b_) else None
         _FWD((rows, 1, 1), key, args, dict(BLOCK=block, IS_RMS=is_rms, HAS_RES=r2 is not None, HAS_W=w is not None,
-                                           HAS_B=b is not None, num_warps=warps))
-    return y.view(x.shape), (h.view(x.shape) if h is not None else None), mean, rstd
+                                           HAS_B=b is not None, STATS=stats, num_warps=warps))
+    if x.dim() != 2 or x.shape[1] != n:  # else y already has x's shape (a view costs host time)
+        y = y.view(x.shape)
+        h = None if h is None else h.view(x.shape)
+    return y, h, mean, rstd
 
 
 def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n: int,
@@ -385,7 +394,7 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     # launch keys (launcher's contract): device, dtypes, which optional tensors are there, the plan (its
     # constexprs), and the int arguments' values or, for row counts, their specialisation class
     base = (x2.get_device(), dy2.dtype, x2.dtype, w_.dtype, dh_.dtype, is_rms, has_w, has_bias, dh2 is None,
-            plan.block, plan.single, plan.warps) if aligned(dy2, x2, w_, mean_, rstd, dh_, dx) else None
+            plan.block, plan.single, plan.warps) if aligned(dy2, x2, w_, dh_) else None  # the rest: ours
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
@@ -395,8 +404,7 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
             args = (dy2, x2, w_, mean_, rstd, dh_, dx, rstd if dw_part is None else dw_part,
                     rstd if db_part is None else db_part, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0),
                     rows, n, per)
-            key = None if base is None or not aligned(args[7], args[8]) else \
-                base + args[9:13] + (int_class(rows), n, int_class(per))
+            key = None if base is None else base + args[9:13] + (int_class(rows), n, int_class(per))
             _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                                                 HAS_DH=dh2 is not None, num_warps=plan.warps))
     else:
@@ -411,14 +419,13 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
             db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_bias else None
             args = (dy2, x2, mean_, rstd, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
                     dy2.stride(0), x2.stride(0), rows, n, per)
-            key = None if base is None or not aligned(args[4], args[5]) else \
-                base + args[6:8] + (int_class(rows), n, int_class(per))
+            key = None if base is None else base + args[6:8] + (int_class(rows), n, int_class(per))
             _BWD_DWDB((-(-n // DW_BLOCK_N), groups, 1), key, args,
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                            num_warps=8))
     dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
     db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
-    return dx.view(x.shape), dw, db
+    return (dx if x.dim() == 2 and x.shape[1] == n else dx.view(x.shape)), dw, db
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -487,7 +494,7 @@ def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Opt
         if routing.decide("layer_norm", input.dtype, mode, input.numel()):
             if mode == "train":
                 return LayerNormFunction.apply(input, weight, bias, eps, _n(normalized_shape))
-            return norm_forward(input, None, weight, bias, eps, False, _n(normalized_shape))[0]
+            return norm_forward(input, None, weight, bias, eps, False, _n(normalized_shape), stats=False)[0]
     return F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
@@ -505,7 +512,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optio
         if routing.decide("rms_norm", input.dtype, mode, input.numel()):
             if mode == "train":
                 return RmsNormFunction.apply(input, None, weight, _eps(input, eps), _n(normalized_shape))
-            return norm_forward(input, None, weight, None, _eps(input, eps), True, _n(normalized_shape))[0]
+            return norm_forward(input, None, weight, None, _eps(input, eps), True, _n(normalized_shape), stats=False)[0]
     return torch_impl.rms_norm(input, normalized_shape, weight, eps)
 
 
@@ -524,6 +531,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
             if mode == "train":
                 y, h = RmsNormFunction.apply(input, residual, weight, _eps(input, eps), _n(normalized_shape))
                 return y, h
-            y, h, _, _ = norm_forward(input, residual, weight, None, _eps(input, eps), True, _n(normalized_shape))
+            y, h, _, _ = norm_forward(input, residual, weight, None, _eps(input, eps), True, _n(normalized_shape),
+                                      stats=False)
             return y, h
     return torch_impl.add_rms_norm(input, residual, normalized_shape, weight, eps)

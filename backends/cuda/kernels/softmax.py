@@ -2,7 +2,9 @@
 
 Rows up to :data:`MAX_BLOCK` elements are read once and written once (one program per row, the row
 in registers); longer rows take the looped kernel, which keeps a running max and sum per lane
-(online softmax) in one read pass and writes in a second. Compute is float32 whatever the storage
+(online softmax) in one read pass and writes in a second. The backward likewise holds a row of ``dy``
+and ``y`` in registers up to :data:`BWD_SINGLE_MAX` elements (read once each, ``dx`` written once:
+the fewest bytes); longer rows take two passes in tiles of :data:`BWD_TILE` (:func:`bwd_plan`). Compute is float32 whatever the storage
 dtype; NaN and Inf propagate as in torch (a row holding NaN or +Inf comes out NaN; -Inf entries
 give 0, or -Inf for log_softmax). The public wrappers take every call: what the kernels do not take,
 or what :mod:`routing` sends to torch, goes to ``torch.softmax`` / ``torch.log_softmax``.
@@ -19,7 +21,12 @@ from hal.backends.cuda.kernels import routing, supports_softmax
 from hal.backends.cuda.kernels._rows import MAX_BLOCK, as_rows, next_power_of_2, num_warps_for, self_checking
 from hal.backends.cuda.kernels.launcher import Launcher, aligned
 
-_BWD_BLOCK = 4096
+#: the backward keeps rows up to this many elements (a power of two) of dy and y in registers
+BWD_SINGLE_MAX = 32768
+#: column tile of the two-pass backward (rows longer than BWD_SINGLE_MAX)
+BWD_TILE = 4096
+#: warps of the single-pass backward per row block (two float32 rows per program); blocks not listed: 32
+BWD_WARPS = {256: 1, 512: 2, 1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 16}
 
 
 @triton.jit
@@ -73,6 +80,21 @@ def _softmax_fwd_loop(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr, LOG: tl.
 
 
 @triton.jit
+def _softmax_bwd_row(DY, Y, DX, stride_dy, stride_y, stride_dx, N, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    # one pass: the row of dy and y in registers (formulas as in _softmax_bwd)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    if LOG:
+        dx = dy - tl.exp(y) * tl.sum(dy, 0)
+    else:
+        dx = y * (dy - tl.sum(dy * y, 0))
+    tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _softmax_bwd(DY, Y, DX, stride_dy, stride_y, stride_dx, N, BLOCK: tl.constexpr, LOG: tl.constexpr):
     # softmax:     dx = y * (dy - sum(dy * y))
     # log_softmax: dx = dy - exp(y) * sum(dy)
@@ -100,7 +122,16 @@ def _softmax_bwd(DY, Y, DX, stride_dy, stride_y, stride_dx, N, BLOCK: tl.constex
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
-_FWD, _FWD_LOOP, _BWD = Launcher(_softmax_fwd), Launcher(_softmax_fwd_loop), Launcher(_softmax_bwd)
+_FWD, _FWD_LOOP = Launcher(_softmax_fwd), Launcher(_softmax_fwd_loop)
+_BWD_ROW, _BWD = Launcher(_softmax_bwd_row), Launcher(_softmax_bwd)
+
+
+def bwd_plan(n: int) -> tuple[bool, int, int]:
+    """``(single pass, block, warps)`` of the backward for rows of ``n`` elements."""
+    block = next_power_of_2(n)
+    if block <= BWD_SINGLE_MAX:
+        return True, block, BWD_WARPS.get(block, 32) if block >= 256 else 1
+    return False, BWD_TILE, num_warps_for(BWD_TILE)
 
 
 def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -111,23 +142,28 @@ def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype]
     block = next_power_of_2(n)
     args = (x2, y, x2.stride(0), y.stride(0), n)
     # the launch key (launcher's contract): device, dtypes, int arguments, LOG (the block follows from n)
-    key = (x2.get_device(), x2.dtype, y.dtype, log) + args[2:] if aligned(x2, y) else None
+    key = (x2.get_device(), x2.dtype, y.dtype, log) + args[2:] if aligned(x2) else None  # y: ours, aligned
     if block <= MAX_BLOCK:
         _FWD((rows, 1, 1), key, args, dict(BLOCK=block, LOG=log, num_warps=num_warps_for(block)))
     else:
         _FWD_LOOP((rows, 1, 1), key, args, dict(BLOCK=8192, LOG=log, num_warps=16))
-    return y.view(x.shape)
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
-def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: torch.dtype) -> torch.Tensor:
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: torch.dtype,
+                     plan: Optional[tuple[bool, int, int]] = None) -> torch.Tensor:
+    """The input gradient of softmax (``log``: log_softmax) from the output ``y`` and its gradient ``dy``,
+    stored as ``in_dtype``; ``plan`` (default :func:`bwd_plan`'s) as ``(single pass, block, warps)``."""
     dy2, y2 = as_rows(dy), as_rows(y)
     rows, n = y2.shape
     dx = torch.empty((rows, n), dtype=in_dtype, device=y.device)
-    block = min(next_power_of_2(n), _BWD_BLOCK)
+    single, block, warps = plan or bwd_plan(n)
     args = (dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n)
-    key = (y2.get_device(), dy2.dtype, y2.dtype, dx.dtype, log) + args[3:] if aligned(dy2, y2, dx) else None
-    _BWD((rows, 1, 1), key, args, dict(BLOCK=block, LOG=log, num_warps=num_warps_for(block)))
-    return dx.view(y.shape)
+    # the launch key (launcher's contract): device, dtypes, LOG, block and warps, the int arguments
+    key = (y2.get_device(), dy2.dtype, y2.dtype, dx.dtype, log, block, warps) + args[3:] \
+        if aligned(dy2, y2) else None
+    (_BWD_ROW if single else _BWD)((rows, 1, 1), key, args, dict(BLOCK=block, LOG=log, num_warps=warps))
+    return dx if y.dim() == 2 else dx.view(y.shape)
 
 
 class SoftmaxFunction(torch.autograd.Function):
