@@ -117,17 +117,19 @@ def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
 
     def rms_launch():
         norms._norm_fwd[(m,)](x, x, y, y, w, w, rstd, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-6,
-                              BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, num_warps=warps)
+                              BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, STATS=True,
+                              num_warps=warps)
 
     rms_args = (x, x, y, y, w, w, rstd, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-6)
-    rms_meta = dict(BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, num_warps=warps)
+    rms_meta = dict(BLOCK=block, IS_RMS=True, HAS_RES=False, HAS_W=True, HAS_B=False, STATS=True, num_warps=warps)
 
     def rms_direct():
         norms._FWD((m, 1, 1), (x.get_device(), "bench", dtype), rms_args, rms_meta)
 
     def ln_launch():
         norms._norm_fwd[(m,)](x, x, y, y, w, b, mean, rstd, x.stride(0), 0, y.stride(0), 0, n, 1e-5,
-                              BLOCK=block, IS_RMS=False, HAS_RES=False, HAS_W=True, HAS_B=True, num_warps=warps)
+                              BLOCK=block, IS_RMS=False, HAS_RES=False, HAS_W=True, HAS_B=True, STATS=True,
+                              num_warps=warps)
 
     _, rs = norms.norm_forward(x, None, w, None, 1e-6, True, n)[2:]
     dy = torch.randn_like(x)

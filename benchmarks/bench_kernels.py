@@ -19,7 +19,9 @@ Modes (one per run):
   memory of one training step per column (``peak_mib``; at gpt2's LM-head size for the large
   linear_cross_entropy rows, summarised under ``linear_cross_entropy_memory``).
   Timing ``wall`` (small sizes, host-bound): CUDA events around N back-to-back calls divided by N,
-  so the host time of each call is included. Timing ``device`` (medium, large): per call, the L2 is
+  so the host time of each call is included; hal and torch are timed side by side (rounds alternating
+  between them, :meth:`Timer.wall_pair`), and ``x_torch`` is the median of the rounds' ratios (quartiles
+  in ``x_torch_paired``): host speed drifts by tens of percent between back-to-back timings. Timing ``device`` (medium, large): per call, the L2 is
   flushed and the GPU is held busy by ``torch.cuda._sleep`` while the host enqueues event, call,
   event, so the events bracket GPU time only; median of the repeats. ``tbps`` counts the fewest
   bytes the op must move; ``copy_ceiling_tbps`` is a device-to-device copy measured in the run.
@@ -126,6 +128,29 @@ class Timer:
                     fn()
                 out.append((time.perf_counter() - t0) * 1e6 / calls)
         return statistics.median(out)
+
+    def wall_pair(self, a: Callable[[], Any], b: Callable[[], Any], rounds: int = 21) -> tuple[float, float, list]:
+        """:meth:`wall` of ``a`` and ``b`` side by side: ``rounds`` rounds, each timing N back-to-back calls of
+        one then N of the other (the order alternating by round, so drift of the host's speed falls on both),
+        N the same for both. Returns ``(median us of a, median us of b, per-round ratios b / a)``."""
+        calls = min(self._calls(a), self._calls(b))
+        ta, tb = [], []
+        for r in range(rounds):
+            for fn, out in (((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta))):
+                if self.cuda:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(calls):
+                        fn()
+                    e1.record()
+                    e1.synchronize()
+                    out.append(e0.elapsed_time(e1) * 1e3 / calls)
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    out.append((time.perf_counter() - t0) * 1e6 / calls)
+        return statistics.median(ta), statistics.median(tb), [y / x for x, y in zip(ta, tb)]
 
     def device_time(self, fn: Callable[[], Any]) -> float:
         if not self.cuda:
@@ -325,10 +350,23 @@ def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: 
                "hal_impl": H.resolve(case.kernel, args[0].device, dtype).impl.label
                if H.resolve(case.kernel, args[0].device, dtype).impl else None, "errors": {}}
         peaks = {}
+        paired = None
+        if timing == "wall":  # hal and torch side by side: their ratio is the row's verdict
+            try:
+                paired = timer.wall_pair(runner(case.hal, args, case, direction), runner(case.torch, args, case, direction))
+                q = statistics.quantiles(paired[2], n=4)
+                row["x_torch_paired"] = {"median": statistics.median(paired[2]), "q1": q[0], "q3": q[2],
+                                         "rounds": len(paired[2])}
+            except Exception as exc:
+                row["errors"]["paired"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         for col, fn in (("hal", case.hal), ("torch", case.torch), ("liger", case.liger), ("compile", "compile")):
             row[f"{col}_us"] = None
             if fn is None:
                 continue
+            if paired is not None and col in ("hal", "torch"):
+                row[f"{col}_us"] = paired[0] if col == "hal" else paired[1]
+                if not (case.grads_in_forward and direction == "bwd"):
+                    continue
             try:
                 if fn == "compile":
                     t0 = time.perf_counter()
@@ -343,7 +381,8 @@ def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: 
                     unit = runner(fn, case.liger_args(args), case, direction, case.liger_diff)
                 else:
                     unit = runner(fn, args, case, direction)
-                row[f"{col}_us"] = measure(unit)
+                if row[f"{col}_us"] is None:
+                    row[f"{col}_us"] = measure(unit)
                 if case.grads_in_forward and direction == "bwd":
                     peaks[col] = _peak_mib(unit, timer)
             except Exception as exc:  # one column failing must not lose the row
@@ -360,6 +399,8 @@ def run_case(case: Case, dtype: torch.dtype, size: str, timer: Timer, compiler: 
         row["pct_of_copy"] = 100 * row["tbps"] * 1e12 / ceiling if row["tbps"] and ceiling else None
         for col in ("torch", "liger", "compile"):
             row[f"x_{col}"] = row[f"{col}_us"] / row["hal_us"] if row["hal_us"] and row[f"{col}_us"] else None
+        if "x_torch_paired" in row:  # the median of the rounds' ratios, not the ratio of the two medians
+            row["x_torch"] = row["x_torch_paired"]["median"]
         rows.append(row)
         print(f"{case.kernel:20s} {row['dtype']:8s} {size:6s} {direction} {timing:6s} hal {_f(row['hal_us'])} torch "
               f"{_f(row['torch_us'])} liger {_f(row['liger_us'])} compile {_f(row['compile_us'])} us "
@@ -415,7 +456,9 @@ def targets(rows: list[dict]) -> dict:
             ">=1.0x_liger": {"pass": not lig, "misses": lig}}
 
 
-TIMING = ("wall (small sizes): CUDA events around N back-to-back calls / N, host time included; device (medium, "
+TIMING = ("wall (small sizes): CUDA events around N back-to-back calls / N, host time included; hal and torch are "
+          "timed side by side (21 rounds, the order alternating; x_torch is the median of the rounds' ratios, "
+          "x_torch_paired has its quartiles); device (medium, "
           "large): L2 flushed, GPU held busy by torch.cuda._sleep while event-call-event are enqueued, so the events "
           "bracket GPU time only; median of repeats; no CUDA graph. bwd: autograd.grad(outs, inputs, grad_outs, "
           "retain_graph=True) after one forward (cross_entropy, linear_cross_entropy: forward + backward, field measures)")

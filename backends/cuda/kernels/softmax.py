@@ -25,8 +25,9 @@ from hal.backends.cuda.kernels.launcher import Launcher, aligned
 BWD_SINGLE_MAX = 32768
 #: column tile of the two-pass backward (rows longer than BWD_SINGLE_MAX)
 BWD_TILE = 4096
-#: warps of the single-pass backward per row block (two float32 rows per program); blocks not listed: 32
-BWD_WARPS = {256: 1, 512: 2, 1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 16}
+#: warps of the single-pass backward per row block, measured on the H200 (benchmarks/tune_softmax_bwd.py,
+#: reports/cuda/tune_softmax_bwd.json: 1024, 4096, 8192, 16384 and 32768 wide; the others interpolated)
+BWD_WARPS = {256: 1, 512: 2, 1024: 2, 2048: 4, 4096: 8, 8192: 16, 16384: 16, 32768: 16}
 
 
 @triton.jit
@@ -130,7 +131,7 @@ def bwd_plan(n: int) -> tuple[bool, int, int]:
     """``(single pass, block, warps)`` of the backward for rows of ``n`` elements."""
     block = next_power_of_2(n)
     if block <= BWD_SINGLE_MAX:
-        return True, block, BWD_WARPS.get(block, 32) if block >= 256 else 1
+        return True, block, BWD_WARPS.get(block, 1)
     return False, BWD_TILE, num_warps_for(BWD_TILE)
 
 
