@@ -16,7 +16,9 @@ compared with torch's (max abs and max relative difference). Peak memory:
 Writes ``--json`` with ``{"speedup_vs_torch": torch_ms / hal_ms, "speedup_vs_compile":
 compile_ms / hal_ms, "steps", "warmup", "median_ms": {...}, "loss_curves": {...},
 "loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table; ``--breakdown`` adds ``"breakdown": {variant:
-{"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one more, profiled step per variant.
+{"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one more, profiled step per variant;
+``"launches": {variant: {kernel: {"direct", "via_triton"}}}`` counts the Triton kernels' launches
+(:mod:`hal.backends.cuda.kernels.launcher`).
 
 Usage:  python benchmarks/bench_e2e.py --json e2e.json [--config gpt2-small --dtype bfloat16 --steps 20]
         python benchmarks/bench_e2e.py --device cpu --config tiny --dtype float32 --steps 3   (dry run)
@@ -131,6 +133,15 @@ def breakdown(w, batch, device: torch.device, top: int = 25) -> Optional[dict]:
             "top_kernels": [{"kernel": n[:160], "calls": r["count"], "ms": r["us"] / 1e3} for n, r in rows]}
 
 
+def _launch_counts() -> dict:
+    """:func:`hal.backends.cuda.kernels.launcher.launch_counts` where Triton imports, else {}."""
+    try:
+        from hal.backends.cuda.kernels.launcher import launch_counts
+    except ImportError:
+        return {}
+    return launch_counts()
+
+
 def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
     """(max abs diff, max relative diff) of two loss curves."""
     diffs = [abs(a - b) for a, b in zip(curve, ref)]
@@ -151,6 +162,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
                  "median_ms": {}, "loss_curves": {}, "peak_mib": {}, "first_step_s": {}, "errors": {},
                  "environment": environment(device), "command": " ".join(sys.argv)}
     for v in variants:
+        before = _launch_counts()
         try:
             r = train(v, args, device)
         except Exception as exc:  # one variant failing (compile, say) must not lose the others
@@ -159,6 +171,12 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             continue
         res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
+        launches = {k: {m: c[m] - before.get(k, {}).get(m, 0) for m in c} for k, c in _launch_counts().items()}
+        launches = {k: c for k, c in launches.items() if c["direct"] or c["via_triton"]}
+        if launches:  # the Triton kernels' launches in this variant: directly, or through Triton
+            res.setdefault("launches", {})[v] = launches
+            print(f"{v:12s} Triton launches: " + ", ".join(f"{k} {c['direct']} direct / {c['via_triton']} via Triton"
+                                                          for k, c in sorted(launches.items())), flush=True)
         if r["breakdown"] is not None:
             res.setdefault("breakdown", {})[v] = r["breakdown"]
             print(f"{v:12s} one profiled step: {r['breakdown']['device_ms']:.2f} ms device time, "

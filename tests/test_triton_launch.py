@@ -139,7 +139,8 @@ def test_contract_what_launches_through_triton_every_time(stand_in):
     assert [e[0] for e in k.log[4:]] == ["triton"] * 4 and run.direct == 0
     stand_in.setattr(L, "MODE", "bound")
     run((1, 1, 1), (0, "a"), ("X", 1), {"BLOCK": 8})
-    assert k.log[-1][0] == "direct" and run.direct == 1
+    assert k.log[-1][0] == "direct" and run.direct == 1 and run.via_triton == 8
+    assert L.launch_counts()["_Kernel"]["via_triton"] >= 8
 
 
 def test_contract_a_kernel_needing_scratch_memory_or_a_missing_constexpr_is_never_launched_directly(stand_in):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -56,6 +57,8 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _TRITON = ()
 #: keys kept per kernel: past it the cache starts again (a key holds int argument values, such as strides)
 MAX_KEYS = 1024
+#: every Launcher (weakly), for :func:`launch_counts`
+_ALL: "weakref.WeakSet[Launcher]" = weakref.WeakSet()
 
 
 class LaunchKeyError(RuntimeError):
@@ -98,13 +101,14 @@ class Launcher:
     constexprs and launch options by name (read only when Triton launches), ``key`` as the module
     docstring says or None."""
 
-    __slots__ = ("kernel", "_hits", "direct")
+    __slots__ = ("kernel", "_hits", "direct", "via_triton", "__weakref__")
 
     def __init__(self, kernel: Any):
         self.kernel = kernel
         self._hits: dict = {}
-        #: launches that took the direct path (for tests and benchmarks)
-        self.direct = 0
+        #: launches that took the direct path, and those Triton launched (for tests and benchmarks)
+        self.direct = self.via_triton = 0
+        _ALL.add(self)
 
     def __call__(self, grid: tuple, key: Optional[tuple], args: tuple, meta: dict) -> None:
         hit = self._hits.get(key) if key is not None else None
@@ -117,6 +121,7 @@ class Launcher:
         self._slow(hit, grid, key, args, meta)
 
     def _slow(self, hit: Optional[tuple], grid: tuple, key: Optional[tuple], args: tuple, meta: dict) -> None:
+        self.via_triton += 1
         if key is None or key[0] < 0 or MODE == "triton":
             self.kernel[grid](*args, **meta)
             return
@@ -126,6 +131,7 @@ class Launcher:
             launch, function, packed, coop, pdl, tail, _ = hit
             launch(grid[0], grid[1], grid[2], _raw_stream(key[0]), function, coop, pdl, None, None, packed,
                    None, None, None, *args, *tail)
+            self.via_triton -= 1
             self.direct += 1
             return
         with torch.cuda.device(key[0]):
@@ -164,6 +170,18 @@ class Launcher:
         if want is not hit[6]:
             raise LaunchKeyError(f"{self.kernel.fn.__name__}: the call site's key found a kernel compiled for another "
                                  f"specialisation than Triton's for this call ({specialization})")
+
+
+def launch_counts() -> dict:
+    """``{kernel name: {"direct": n, "via_triton": m}}`` over every :class:`Launcher` made so far (launches
+    since it was made; kernels of one name are added up)."""
+    out: dict = {}
+    for run in list(_ALL):
+        name = getattr(getattr(run.kernel, "fn", None), "__name__", None) or type(run.kernel).__name__
+        c = out.setdefault(name, {"direct": 0, "via_triton": 0})
+        c["direct"] += run.direct
+        c["via_triton"] += run.via_triton
+    return out
 
 
 def _current_device() -> int:
