@@ -16,7 +16,8 @@ compared with torch's (max abs and max relative difference). Peak memory:
 Writes ``--json`` with ``{"speedup_vs_torch": torch_ms / hal_ms, "speedup_vs_compile":
 compile_ms / hal_ms, "steps", "warmup", "median_ms": {...}, "loss_curves": {...},
 "loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table; ``--breakdown`` adds ``"breakdown": {variant:
-{"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one more, profiled step per variant;
+{"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one profiled step per variant, taken after
+every variant's timed steps (a profiler session slows the host-bound steps timed after it);
 ``"launches": {variant: {kernel: {"direct", "via_triton"}}}`` counts the Triton kernels' launches
 (:mod:`hal.backends.cuda.kernels.launcher`).
 
@@ -42,8 +43,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
-    """Train one variant for ``warmup + steps`` steps; its times, losses and peak memory."""
+def build(variant: str, args: argparse.Namespace, device: torch.device):
+    """The workload of one variant, built on ``device`` from ``args.seed``."""
     from hal.models import get_workload
     hal_ops = variant.startswith("hal")
     overrides = {"ops": "hal"} if hal_ops else {}
@@ -56,6 +57,12 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
         w.model = torch.compile(w.model)
     elif variant == "hal+compile":  # the hal loss calls model.features (the head + loss stay hal's fused op)
         w.model.features = torch.compile(w.model.features)
+    return w
+
+
+def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """Train one variant for ``warmup + steps`` steps; its times, losses and peak memory."""
+    w = build(variant, args, device)
     n = args.warmup + args.steps
     batches = [w.example_batch(args.batch_size, index=i) for i in range(n)]
     losses, marks = [], []
@@ -84,8 +91,7 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
             first_s = time.perf_counter() - t_first
     _sync(device)
     times = [(m[0].elapsed_time(m[1]) if cuda else m * 1e3) for m in marks][args.warmup:]
-    brk = breakdown(w, batches[-1], device) if args.breakdown else None
-    out = {"breakdown": brk, "median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
+    out = {"median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
            "losses": [float(x) for x in losses],
            "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
     del w, batches, losses
@@ -108,14 +114,23 @@ _CATEGORIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", 
                ("embedding", ("embedding", "index", "scatter", "gather")))
 
 
-def breakdown(w, batch, device: torch.device, top: int = 25) -> Optional[dict]:
-    """One more training step of the workload under torch.profiler (the device activity only): its kernels'
-    device time by category (:data:`_CATEGORIES`, by kernel name) and the ``top`` kernels. None off CUDA."""
+def breakdown(variant: str, args: argparse.Namespace, device: torch.device, top: int = 25) -> Optional[dict]:
+    """One training step of a fresh workload of ``variant`` (after two warm-up steps) under torch.profiler (the
+    device activity only): its kernels' device time by category (:data:`_CATEGORIES`, by kernel name) and the
+    ``top`` kernels. None off CUDA. :func:`run` profiles only after every variant's timed steps: a profiler
+    session leaves the CUDA activity tracing loaded in the process, which slowed later host-bound steps
+    (gpt2-small through hal.ops: 29-30 ms a step timed after a profiled step, 20.4-22.4 without)."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
     from hal.conformance.profiling.attribution import device_event_times
+    w = build(variant, args, device)
+    batch = w.example_batch(args.batch_size, index=0)
+    for _ in range(2):
+        w.backward(batch)
+        w.optimizer_step()
+    _sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         w.backward(batch)
         w.optimizer_step()
@@ -170,6 +185,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             print(f"{v}: {res['errors'][v]}", flush=True)
             continue
         res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
+        res.setdefault("step_ms", {})[v] = r["step_ms"]
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
         launches = {k: {m: c[m] - before.get(k, {}).get(m, 0) for m in c} for k, c in _launch_counts().items()}
         launches = {k: c for k, c in launches.items() if c["direct"] or c["via_triton"]}
@@ -177,11 +193,6 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             res.setdefault("launches", {})[v] = launches
             print(f"{v:12s} Triton launches: " + ", ".join(f"{k} {c['direct']} direct / {c['via_triton']} via Triton"
                                                           for k, c in sorted(launches.items())), flush=True)
-        if r["breakdown"] is not None:
-            res.setdefault("breakdown", {})[v] = r["breakdown"]
-            print(f"{v:12s} one profiled step: {r['breakdown']['device_ms']:.2f} ms device time, "
-                  f"{r['breakdown']['kernels']} kernels: "
-                  + ", ".join(f"{c} {ms:.2f}" for c, ms in r["breakdown"]["categories_ms"].items()), flush=True)
         print(f"{v:12s} median {r['median_ms']:.2f} ms/step  peak {r['peak_mib']} MiB  "
               f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", flush=True)
         summarise(res)
@@ -189,6 +200,22 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         if args.json:  # rewritten after every variant, so a time limit keeps what finished
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1, default=str)
+    for v in variants if args.breakdown else ():  # after every timed step (see breakdown)
+        try:
+            b = breakdown(v, args, device)
+        except Exception as exc:
+            res["errors"][f"{v} breakdown"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            continue
+        if b is None:
+            continue
+        res.setdefault("breakdown", {})[v] = b
+        print(f"{v:12s} one profiled step: {b['device_ms']:.2f} ms device time, {b['kernels']} kernels: "
+              + ", ".join(f"{c} {ms:.2f}" for c, ms in b["categories_ms"].items()), flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    if args.json and args.breakdown:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
     return summarise(res)
 
 
