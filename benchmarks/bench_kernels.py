@@ -111,23 +111,24 @@ class Timer:
         one = time.perf_counter() - t0
         return int(min(200, max(3, self.target_ms / 1e3 / max(one, 1e-7))))
 
+    def _per_call(self, fn: Callable[[], Any], calls: int) -> float:
+        """Microseconds per call of ``calls`` back-to-back calls of ``fn`` (CUDA events; host timers on the CPU)."""
+        if self.cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(calls):
+                fn()
+            e1.record()
+            e1.synchronize()
+            return e0.elapsed_time(e1) * 1e3 / calls
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e6 / calls
+
     def wall(self, fn: Callable[[], Any]) -> float:
-        calls, out = self._calls(fn), []
-        for _ in range(self.repeats):
-            if self.cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(calls):
-                    fn()
-                e1.record()
-                e1.synchronize()
-                out.append(e0.elapsed_time(e1) * 1e3 / calls)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                out.append((time.perf_counter() - t0) * 1e6 / calls)
-        return statistics.median(out)
+        calls = self._calls(fn)
+        return statistics.median(self._per_call(fn, calls) for _ in range(self.repeats))
 
     def wall_pair(self, a: Callable[[], Any], b: Callable[[], Any], rounds: int = 21) -> tuple[float, float, list]:
         """:meth:`wall` of ``a`` and ``b`` side by side: ``rounds`` rounds, each timing N back-to-back calls of
@@ -137,19 +138,7 @@ class Timer:
         ta, tb = [], []
         for r in range(rounds):
             for fn, out in (((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta))):
-                if self.cuda:
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    for _ in range(calls):
-                        fn()
-                    e1.record()
-                    e1.synchronize()
-                    out.append(e0.elapsed_time(e1) * 1e3 / calls)
-                else:
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        fn()
-                    out.append((time.perf_counter() - t0) * 1e6 / calls)
+                out.append(self._per_call(fn, calls))
         return statistics.median(ta), statistics.median(tb), [y / x for x, y in zip(ta, tb)]
 
     def device_time(self, fn: Callable[[], Any]) -> float:
@@ -689,6 +678,43 @@ def parse(argv=None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown kernel/size {bad}")
     return args
+
+
+def tuning_start(prog: str, doc: str, quick: tuple, argv=None):
+    """The tuning scripts' shared start: their options (``--json``, ``--dtypes``, ``--quick``), then the GPU
+    check. Returns ``(args, timer, liger functional or None)``, or exit status 2 after printing the line of
+    :func:`triton_gpu_missing`."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    ap.add_argument("--json")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--quick", action="store_true", help=f"shapes {quick} only")
+    args = ap.parse_args(argv)
+    why = triton_gpu_missing(prog)
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    return args, Timer(dev, repeats=7), _liger(dev)
+
+
+def geomean_choice(cases: list[tuple[str, dict]]) -> dict:
+    """``{group: plan name}`` from ``(group, {plan name: us})`` cases: per group, the plan with the lowest
+    geometric mean of time / best time over the group's cases, among the plans timed in all of them (the
+    tuning scripts' choice)."""
+    import math
+    groups: dict = {}
+    for key, ok in cases:
+        if not ok:
+            continue
+        best = min(ok.values())
+        g = groups.setdefault(key, {})
+        for name, us in ok.items():
+            g.setdefault(name, []).append(math.log(us / best))
+    out = {}
+    for key, g in groups.items():
+        n_cases = max(len(v) for v in g.values())
+        out[key] = min((k for k, v in g.items() if len(v) == n_cases), key=lambda k: sum(g[k]))
+    return out
 
 
 def triton_gpu_missing(prog: str) -> Optional[str]:

@@ -20,15 +20,13 @@ Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import Timer, _liger, environment, triton_gpu_missing
+from bench_kernels import _write, environment, geomean_choice, tuning_start
 
 from hal.backend import dtype_name
 
@@ -63,20 +61,12 @@ def candidates(plans: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--quick", action="store_true", help=f"shapes {QUICK} only")
-    args = ap.parse_args(argv)
-    why = triton_gpu_missing("tune_norm_bwd")
-    if why:
-        print(why, file=sys.stderr)
+    start = tuning_start("tune_norm_bwd", __doc__, QUICK, argv)
+    if start == 2:
         return 2
+    args, timer, LF = start
     from tabulate import tabulate
 
-    dev = torch.device("cuda")
-    timer = Timer(dev, repeats=7)
-    LF = _liger(dev)
     rows_out: list[dict] = []
     summary = []
     for dn in args.dtypes.split(","):
@@ -95,11 +85,8 @@ def main(argv=None) -> int:
                                      "x torch", "x liger"]))
     tuned = choose(rows_out)
     print("BWD_TUNED:", json.dumps(tuned))
-    doc = {"environment": environment(dev), "timing": "GPU us per call (bench_kernels device timing)",
-           "rows": rows_out, "tuned": tuned}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
+                       "timing)", "rows": rows_out, "tuned": tuned})
     return 0
 
 
@@ -160,25 +147,10 @@ def choose(rows: list[dict]) -> dict:
     """Per (op, dtype, row block): the plan with the lowest geometric mean of time / best time over
     its cases; ``[programs_per_sm, warps]`` for a fused plan, None when two-stage wins."""
     from hal.backends.cuda.kernels._rows import next_power_of_2
-    groups: dict = {}
-    for r in rows:
-        key = f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}"
-        ok = candidates(r["plans"])
-        if not ok:
-            continue
-        best = min(ok.values())
-        g = groups.setdefault(key, {})
-        for k, us in ok.items():
-            g.setdefault(k, []).append(math.log(us / best))
-    out = {}
-    for key, g in groups.items():
-        n_cases = max(len(v) for v in g.values())
-        name = min((k for k, v in g.items() if len(v) == n_cases), key=lambda k: sum(g[k]))
-        if name == "two-stage":
-            out[key] = None
-        else:
-            out[key] = [int(t[1:]) for t in name.split()[1:]]
-    return out
+    chosen = geomean_choice([(f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}", candidates(r["plans"]))
+                             for r in rows])
+    return {key: None if name == "two-stage" else [int(t[1:]) for t in name.split()[1:]]
+            for key, name in chosen.items()}
 
 
 if __name__ == "__main__":

@@ -17,13 +17,11 @@ Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 
 import torch
-from bench_kernels import Timer, _liger, environment, triton_gpu_missing
+from bench_kernels import _write, environment, geomean_choice, tuning_start
 
 from hal.backend import dtype_name
 
@@ -73,7 +71,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
             rec["plans"][name] = {"us": us, "rel_err": err, "tbps": rec["bytes"] / us / 1e6}
         except Exception as exc:  # one failing plan must not lose the others
             rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = {k: v["us"] for k, v in rec["plans"].items() if "us" in v and v["rel_err"] < REL_ERR_OK}
+    ok = _ok(rec["plans"])
     rec["best"] = min(ok, key=ok.get) if ok else None
     rec["shipped"] = list(sx.bwd_plan(n))
     rec["shipped_us"] = timer.device_time(ours)
@@ -84,38 +82,22 @@ def choose(rows: list[dict]) -> dict:
     """Per row block: the plan with the lowest geometric mean of time / best time over its cases (every op
     and dtype): the warp count of a single-pass plan, or "two-pass"."""
     from hal.backends.cuda.kernels._rows import next_power_of_2
-    groups: dict = {}
-    for r in rows:
-        ok = {k: v["us"] for k, v in r["plans"].items() if "us" in v and v["rel_err"] < REL_ERR_OK}
-        if not ok:
-            continue
-        best = min(ok.values())
-        g = groups.setdefault(str(next_power_of_2(r["shape"][1])), {})
-        for k, us in ok.items():
-            g.setdefault(k, []).append(math.log(us / best))
-    out = {}
-    for block, g in groups.items():
-        n_cases = max(len(v) for v in g.values())
-        name = min((k for k, v in g.items() if len(v) == n_cases), key=lambda k: sum(g[k]))
-        out[block] = "two-pass" if name == "two-pass" else int(name.split("w")[1])
-    return out
+    chosen = geomean_choice([(str(next_power_of_2(r["shape"][1])), _ok(r["plans"])) for r in rows])
+    return {block: "two-pass" if name == "two-pass" else int(name.split("w")[1]) for block, name in chosen.items()}
+
+
+def _ok(plans: dict) -> dict:
+    """``{plan name: us}`` of the plans of one case that ran and agree with the two-pass plan."""
+    return {k: v["us"] for k, v in plans.items() if "us" in v and v["rel_err"] < REL_ERR_OK}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--quick", action="store_true", help=f"shapes {QUICK} only")
-    args = ap.parse_args(argv)
-    why = triton_gpu_missing("tune_softmax_bwd")
-    if why:
-        print(why, file=sys.stderr)
+    start = tuning_start("tune_softmax_bwd", __doc__, QUICK, argv)
+    if start == 2:
         return 2
+    args, timer, LF = start
     from tabulate import tabulate
 
-    dev = torch.device("cuda")
-    timer = Timer(dev, repeats=7)
-    LF = _liger(dev)
     rows, table = [], []
     for dn in args.dtypes.split(","):
         dtype = getattr(torch, dn)
@@ -133,11 +115,8 @@ def main(argv=None) -> int:
     print(tabulate(table, headers=["op", "dtype", "shape", "plan", "us", "TB/s", "torch", "liger", "best"]))
     tuned = choose(rows)
     print("BWD_WARPS (per row block):", json.dumps(tuned))
-    doc = {"environment": environment(dev), "timing": "GPU us per call (bench_kernels device timing)",
-           "rows": rows, "tuned": tuned}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
+                       "timing)", "rows": rows, "tuned": tuned})
     return 0
 
 

@@ -31,6 +31,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 SHAPE_SKIPS = ("need 2 devices",)
 
 
+def triton_gpu_missing() -> str:
+    """'' when the Triton kernels can run here (torch.cuda and Triton; CuPy is not needed), else why not,
+    prefixed "cuda:" so that HAL_REQUIRE_BACKENDS=cuda turns the skip into a failure."""
+    import torch
+    if not torch.cuda.is_available():
+        return f"cuda: torch.cuda.is_available() is False (torch {torch.__version__})"
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:
+        return f"cuda: triton is not importable ({type(exc).__name__}: {exc})"
+    return ""
+
+
 def required_backends() -> tuple[str, ...]:
     """Backends named in ``$HAL_REQUIRE_BACKENDS`` (comma-separated), lower case."""
     return tuple(b.strip().lower() for b in os.environ.get("HAL_REQUIRE_BACKENDS", "").split(",") if b.strip())

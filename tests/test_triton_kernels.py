@@ -14,23 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import triton_gpu_missing
 
 from hal.backend import dtype_name
 
-
-
-def _why_not() -> str:
-    """'' when the kernels can run here (torch.cuda and Triton; CuPy is not needed), else why not."""
-    if not torch.cuda.is_available():
-        return f"cuda: torch.cuda.is_available() is False (torch {torch.__version__})"
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        return f"cuda: triton is not importable ({type(exc).__name__}: {exc})"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "-")
+pytestmark = pytest.mark.skipif(bool(triton_gpu_missing()), reason=triton_gpu_missing() or "-")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),

@@ -17,6 +17,7 @@ import inspect
 
 import pytest
 import torch
+from conftest import triton_gpu_missing
 
 from hal.backends.cuda.kernels import launcher as L
 
@@ -164,17 +165,7 @@ def test_contract_the_cache_of_a_kernel_is_bounded(stand_in):
 
 # ---- every call site on a real GPU, checked against Triton's own choice ---------------------------------------
 
-def _why_not() -> str:
-    if not torch.cuda.is_available():
-        return f"cuda: torch.cuda.is_available() is False (torch {torch.__version__})"
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        return f"cuda: triton is not importable ({type(exc).__name__}: {exc})"
-    return ""
-
-
-gpu = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "-")
+gpu = pytest.mark.skipif(bool(triton_gpu_missing()), reason=triton_gpu_missing() or "-")
 
 
 def _launchers():
