@@ -144,6 +144,17 @@ def test_contract_what_launches_through_triton_every_time(stand_in):
     assert L.launch_counts()["_Kernel"]["via_triton"] >= 8
 
 
+def test_contract_check_mode_asks_triton_before_every_direct_launch(stand_in):
+    asked = []
+    stand_in.setattr(L.Launcher, "_check", lambda self, hit, args, meta: asked.append(args))
+    stand_in.setattr(L, "MODE", "check")
+    k = _Kernel()
+    run = L.Launcher(k)
+    for i in range(3):
+        run((1, 1, 1), (0, "a"), ("X", i), {"BLOCK": 8})
+    assert [e[0] for e in k.log] == ["triton", "direct", "direct"] and asked == [("X", 1), ("X", 2)]
+
+
 def test_contract_a_kernel_needing_scratch_memory_or_a_missing_constexpr_is_never_launched_directly(stand_in):
     k = _Kernel(scratch=128)
     run = L.Launcher(k)

@@ -112,7 +112,9 @@ class Launcher:
 
     def __call__(self, grid: tuple, key: Optional[tuple], args: tuple, meta: dict) -> None:
         hit = self._hits.get(key) if key is not None else None
-        if hit and MODE == "bound" and key[0] == _current_device() and _hooks_idle():
+        if hit and MODE != "triton" and key[0] == _current_device() and _hooks_idle():
+            if MODE == "check":
+                self._check(hit, args, meta)
             launch, function, packed, coop, pdl, tail, _ = hit
             launch(grid[0], grid[1], grid[2], _raw_stream(key[0]), function, coop, pdl, None, None, packed,
                    None, None, None, *args, *tail)
@@ -124,15 +126,6 @@ class Launcher:
         self.via_triton += 1
         if key is None or key[0] < 0 or MODE == "triton":
             self.kernel[grid](*args, **meta)
-            return
-        if hit and MODE == "check" and key[0] == _current_device() and _hooks_idle():
-            self._check(hit, args, meta)
-            self._hits[key] = hit  # the same entry: check, then launch directly as "bound" would
-            launch, function, packed, coop, pdl, tail, _ = hit
-            launch(grid[0], grid[1], grid[2], _raw_stream(key[0]), function, coop, pdl, None, None, packed,
-                   None, None, None, *args, *tail)
-            self.via_triton -= 1
-            self.direct += 1
             return
         with torch.cuda.device(key[0]):
             compiled = self.kernel[grid](*args, **meta)
