@@ -4,9 +4,9 @@ Rows up to :data:`MAX_BLOCK` elements are read once and written once (one progra
 in registers); longer rows take the looped kernel, which keeps a running max and sum per lane
 (online softmax) in one read pass and writes in a second. The backward likewise holds a row of ``dy``
 and ``y`` in registers up to :data:`BWD_SINGLE_MAX` elements (read once each, ``dx`` written once:
-the fewest bytes); longer rows take two passes in tiles of :data:`BWD_TILE` (:func:`bwd_plan`). Compute is float32 whatever the storage
-dtype; NaN and Inf propagate as in torch (a row holding NaN or +Inf comes out NaN; -Inf entries
-give 0, or -Inf for log_softmax). The public wrappers take every call: what the kernels do not take,
+the fewest bytes); longer rows take two passes in tiles of :data:`BWD_TILE` (:func:`bwd_plan`).
+Compute is float32 whatever the storage dtype; NaN and Inf propagate as in torch (a row holding NaN
+or +Inf comes out NaN; -Inf entries give 0, or -Inf for log_softmax). The public wrappers take every call: what the kernels do not take,
 or what :mod:`routing` sends to torch, goes to ``torch.softmax`` / ``torch.log_softmax``.
 """
 from __future__ import annotations
