@@ -148,15 +148,6 @@ def breakdown(variant: str, args: argparse.Namespace, device: torch.device, top:
             "top_kernels": [{"kernel": n[:160], "calls": r["count"], "ms": r["us"] / 1e3} for n, r in rows]}
 
 
-def _launch_counts() -> dict:
-    """:func:`hal.backends.cuda.kernels.launcher.launch_counts` where Triton imports, else {}."""
-    try:
-        from hal.backends.cuda.kernels.launcher import launch_counts
-    except ImportError:
-        return {}
-    return launch_counts()
-
-
 def compare(curve: list[float], ref: list[float]) -> tuple[float, float]:
     """(max abs diff, max relative diff) of two loss curves."""
     diffs = [abs(a - b) for a, b in zip(curve, ref)]
@@ -169,6 +160,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     variants = ["torch", "hal"] + ([] if args.no_compile else ["compile"]) + (["hal+compile"] if args.hal_compile else [])
     variants += ["torch-vocab64"] if args.vocab64 else []
     from bench_kernels import ensure_linear_cross_entropy, environment  # this folder is sys.path[0] as a script
+
+    from hal.backends.cuda.kernels.launcher import launch_counts  # imports no Triton (counts stay 0 without it)
     head = ensure_linear_cross_entropy(device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     res: dict = {"config": args.config, "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps,
                  "warmup": args.warmup, "variants": variants, "hal_linear_cross_entropy_impl": head,
@@ -177,7 +170,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
                  "median_ms": {}, "loss_curves": {}, "peak_mib": {}, "first_step_s": {}, "errors": {},
                  "environment": environment(device), "command": " ".join(sys.argv)}
     for v in variants:
-        before = _launch_counts()
+        before = launch_counts()
         try:
             r = train(v, args, device)
         except Exception as exc:  # one variant failing (compile, say) must not lose the others
@@ -187,7 +180,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
         res.setdefault("step_ms", {})[v] = r["step_ms"]
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
-        launches = {k: {m: c[m] - before.get(k, {}).get(m, 0) for m in c} for k, c in _launch_counts().items()}
+        launches = {k: {m: c[m] - before.get(k, {}).get(m, 0) for m in c} for k, c in launch_counts().items()}
         launches = {k: c for k, c in launches.items() if c["direct"] or c["via_triton"]}
         if launches:  # the Triton kernels' launches in this variant: directly, or through Triton
             res.setdefault("launches", {})[v] = launches

@@ -697,6 +697,12 @@ def tuning_start(prog: str, doc: str, quick: tuple, argv=None):
     return args, Timer(dev, repeats=7), _liger(dev)
 
 
+def candidates(plans: dict, rel_err_ok: float) -> dict:
+    """``{plan name: us}`` of a tuning case's plans that ran (``us``) and agree with the reference plan
+    (``rel_err`` under ``rel_err_ok``)."""
+    return {k: v["us"] for k, v in plans.items() if "us" in v and v["rel_err"] < rel_err_ok}
+
+
 def geomean_choice(cases: list[tuple[str, dict]]) -> dict:
     """``{group: plan name}`` from ``(group, {plan name: us})`` cases: per group, the plan with the lowest
     geometric mean of time / best time over the group's cases, among the plans timed in all of them (the

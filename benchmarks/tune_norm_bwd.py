@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import _write, environment, geomean_choice, tuning_start
+from bench_kernels import _write, candidates, environment, geomean_choice, tuning_start
 
 from hal.backend import dtype_name
 
@@ -53,11 +53,6 @@ def plans(n: int) -> list[tuple[str, object]]:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def candidates(plans: dict) -> dict:
-    """``{plan name: us}`` of the plans of one case that ran and agree with the shipped plan."""
-    return {k: v["us"] for k, v in plans.items() if "us" in v and v["rel_err"] < REL_ERR_OK}
 
 
 def main(argv=None) -> int:
@@ -129,7 +124,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
             rec["plans"][name] = {"us": timer.device_time(lambda _p=plan: ours(_p)), "rel_err": err}
         except Exception as exc:  # one failing plan must not lose the others
             rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = candidates(rec["plans"])
+    ok = candidates(rec["plans"], REL_ERR_OK)
     if not ok:
         raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within {REL_ERR_OK:.0%} of the shipped plan's result: "
                            + json.dumps(rec["plans"])[:2000])
@@ -147,7 +142,7 @@ def choose(rows: list[dict]) -> dict:
     """Per (op, dtype, row block): the plan with the lowest geometric mean of time / best time over
     its cases; ``[programs_per_sm, warps]`` for a fused plan, None when two-stage wins."""
     from hal.backends.cuda.kernels._rows import next_power_of_2
-    chosen = geomean_choice([(f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}", candidates(r["plans"]))
+    chosen = geomean_choice([(f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}", candidates(r["plans"], REL_ERR_OK))
                              for r in rows])
     return {key: None if name == "two-stage" else [int(t[1:]) for t in name.split()[1:]]
             for key, name in chosen.items()}

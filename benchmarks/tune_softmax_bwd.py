@@ -21,7 +21,7 @@ import json
 import sys
 
 import torch
-from bench_kernels import _write, environment, geomean_choice, tuning_start
+from bench_kernels import _write, candidates, environment, geomean_choice, tuning_start
 
 from hal.backend import dtype_name
 
@@ -71,7 +71,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
             rec["plans"][name] = {"us": us, "rel_err": err, "tbps": rec["bytes"] / us / 1e6}
         except Exception as exc:  # one failing plan must not lose the others
             rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = _ok(rec["plans"])
+    ok = candidates(rec["plans"], REL_ERR_OK)
     rec["best"] = min(ok, key=ok.get) if ok else None
     rec["shipped"] = list(sx.bwd_plan(n))
     rec["shipped_us"] = timer.device_time(ours)
@@ -82,13 +82,8 @@ def choose(rows: list[dict]) -> dict:
     """Per row block: the plan with the lowest geometric mean of time / best time over its cases (every op
     and dtype): the warp count of a single-pass plan, or "two-pass"."""
     from hal.backends.cuda.kernels._rows import next_power_of_2
-    chosen = geomean_choice([(str(next_power_of_2(r["shape"][1])), _ok(r["plans"])) for r in rows])
+    chosen = geomean_choice([(str(next_power_of_2(r["shape"][1])), candidates(r["plans"], REL_ERR_OK)) for r in rows])
     return {block: "two-pass" if name == "two-pass" else int(name.split("w")[1]) for block, name in chosen.items()}
-
-
-def _ok(plans: dict) -> dict:
-    """``{plan name: us}`` of the plans of one case that ran and agree with the two-pass plan."""
-    return {k: v["us"] for k, v in plans.items() if "us" in v and v["rel_err"] < REL_ERR_OK}
 
 
 def main(argv=None) -> int:
