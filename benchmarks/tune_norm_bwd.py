@@ -2,8 +2,9 @@
 of every plan (:class:`~hal.backends.cuda.kernels.norms.BwdPlan`) at each row width, beside torch's and
 Liger-Kernel's backward, for layer_norm (with a bias) and rms_norm, float32 and bfloat16.
 
-Plans: ``two-stage`` (dx row kernel + column-tiled dw/db) and ``fused`` (one kernel over strips of rows)
-for every (programs per SM, warps) in the grid below. Each plan's dx and dw are
+Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db), its dx row held in
+registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
+every (programs per SM, warps) in the grid below, for layer_norm also with the bias gradient apart. Each plan's dx and dw are
 checked against the shipped plan's (relative error, field ``rel_err``). Timing: the GPU time of one
 call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the host enqueues, events
 around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
@@ -12,8 +13,7 @@ around the call, median of the repeats); ours is ``norm_backward`` itself, torch
 Prints, per (op, dtype, shape), the best plan against torch, Liger and the shipped plan
 (``norms.bwd_plan``, column ``shipped``), and per (op, dtype, row block) the plan with the lowest
 geometric mean of time / best time over the shapes of that block: the ``BWD_TUNED`` entries, in the
-JSON's ``tuned`` field (``{"rms_norm/float32/16384": [programs_per_sm, warps] | null}``, null: the
-two-stage plan wins).
+JSON's ``tuned`` field (``{"rms_norm/float32/16384": "fused p1 w32", ...}``).
 
 Usage:  python benchmarks/tune_norm_bwd.py --json out.json [--dtypes float32,bfloat16] [--quick]
 Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
@@ -35,19 +35,28 @@ QUICK = ((4096, 4096), (16384, 16384))
 #: warps tried per row block
 WARPS = {1024: (4, 8), 2048: (4, 8), 4096: (4, 8, 16), 8192: (8, 16), 16384: (8, 16, 32), 32768: (16, 32)}
 PROGRAMS_PER_SM = (1, 2, 4, 8)
+#: the two-stage plan's dx kernel is also tried with the row in registers up to this block
+SINGLE_DX_MAX = 16384
 #: a plan whose dx or dw differs from the shipped plan's by more than this (relative to its largest
 #: element) is not a candidate
 REL_ERR_OK = 0.05
 
 
-def plans(n: int) -> list[tuple[str, object]]:
+def plans(n: int, is_rms: bool) -> list[tuple[str, object]]:
+    """``(name, plan)`` of every plan tried for rows of ``n`` elements (names as ``norms.plan_named`` reads
+    them): the two-stage plan, its dx row in registers (rows up to ``SINGLE_DX_MAX``), and the fused
+    plans; layer_norm also fused with the bias gradient apart (``db-apart``)."""
     from hal.backends.cuda.kernels import norms
     block = norms.next_power_of_2(n)
-    out = [("two-stage", norms.two_stage_plan(n))]
+    out = [norms.two_stage_plan(n)]
+    if norms.DX_SINGLE_MAX < block <= SINGLE_DX_MAX:
+        out += [norms.BwdPlan(False, block, True, w) for w in (16, 32)]
     for w in WARPS.get(block, (8,)):
         for p in PROGRAMS_PER_SM:
-            out.append((f"fused p{p} w{w}", norms.BwdPlan(True, block, True, w, p)))
-    return out
+            out.append(norms.BwdPlan(True, block, True, w, p))
+            if not is_rms and p <= 2:
+                out.append(norms.BwdPlan(True, block, True, w, p, db_apart=True))
+    return [("two-stage" if i == 0 else plan.name, plan) for i, plan in enumerate(out)]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -87,8 +96,6 @@ def main(argv=None) -> int:
 
 def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
     """One (op, dtype, shape): torch's, Liger's, the shipped plan's and every plan's GPU time."""
-    import dataclasses
-
     from hal.backends.cuda.kernels import norms
     dev = torch.device("cuda")
     is_rms = op == "rms_norm"
@@ -117,7 +124,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
               else LF.liger_layer_norm(leaves[0], leaves[1], leaves[2], 1e-6))
         rec["liger_us"] = timer.device_time(grad_of(yl, leaves))
     rec["plans"] = {}
-    for name, plan in plans(n):
+    for name, plan in plans(n, is_rms):
         try:
             got = ours(plan)
             err = max(rel_err(got[0], ref[0]), rel_err(got[1], ref[1]))
@@ -129,7 +136,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
         raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within {REL_ERR_OK:.0%} of the shipped plan's result: "
                            + json.dumps(rec["plans"])[:2000])
     rec["best"] = min(ok, key=ok.get)
-    rec["shipped"] = dataclasses.asdict(norms.bwd_plan(n, dtype, is_rms))
+    rec["shipped"] = norms.bwd_plan(n, dtype, is_rms).name
     rec["shipped_us"] = timer.device_time(ours)
     return rec
 
@@ -139,13 +146,11 @@ def _r(v: Optional[float]) -> Optional[float]:
 
 
 def choose(rows: list[dict]) -> dict:
-    """Per (op, dtype, row block): the plan with the lowest geometric mean of time / best time over
-    its cases; ``[programs_per_sm, warps]`` for a fused plan, None when two-stage wins."""
+    """Per (op, dtype, row block): the name of the plan with the lowest geometric mean of time / best time
+    over its cases (the ``BWD_TUNED`` entries)."""
     from hal.backends.cuda.kernels._rows import next_power_of_2
-    chosen = geomean_choice([(f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}", candidates(r["plans"], REL_ERR_OK))
-                             for r in rows])
-    return {key: None if name == "two-stage" else [int(t[1:]) for t in name.split()[1:]]
-            for key, name in chosen.items()}
+    return geomean_choice([(f"{r['op']}/{r['dtype']}/{next_power_of_2(r['shape'][1])}", candidates(r["plans"], REL_ERR_OK))
+                           for r in rows])
 
 
 if __name__ == "__main__":

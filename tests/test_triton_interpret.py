@@ -49,7 +49,7 @@ _HAS_TRITON = _has_triton()
 pytestmark = [pytest.mark.skipif(not _HAS_TRITON, reason="triton is not importable: the interpreter tests need it"),
               pytest.mark.skipif(bool(_HAS_TRITON and _numpy_too_new()), reason=_numpy_too_new() or "-")]
 
-CASES = ["norms_layer", "norms_rms", "add_rms", "routing", "softmax_silu", "cross_entropy"]
+CASES = ["norms_layer", "norms_rms", "add_rms", "norm_plans", "routing", "softmax_silu", "cross_entropy"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -175,6 +175,39 @@ def case_add_rms():
             for got, want, name in ((xk, xd, "dx"), (rk, rd, "dr"), (wk, wd, "dw")):
                 _close(torch, got.grad, want.grad, torch.float32, f"{what} {name}", rows if name == "dw" else 1)
     print("case add_rms ok")
+
+
+def case_norm_plans():
+    """Every kind of backward plan by name (``norms.plan_named``; the name round-trips), against float64:
+    fused with and without the bias gradient apart, two-stage with the dx row in registers and looped;
+    and no rows at all (zero weight and bias gradients)."""
+    torch = _setup()
+    import torch.nn.functional as F
+    from hal.backends.cuda.kernels import _rows, norms
+    _rows.set_sm_count(torch.device("cpu"), 4)
+    names = ["fused p1 w4", "fused p2 w4 db-apart", "two-stage", "two-stage single w4", "two-stage looped w4"]
+    for rows, n in ((7, 300), (37, 9000), (0, 300)):
+        x, w, b, dy = (_rand(torch, (rows, n), 30, scale=2.0) + 0.5, _rand(torch, (n,), 31), _rand(torch, (n,), 32),
+                       _rand(torch, (rows, n), 33))
+        _, _, mean, rstd = norms.norm_forward(x, None, w, b, 1e-5, False, n)
+        (xd, wd, bd), _ = _leaves(torch, x.double(), w.double(), b.double())
+        F.layer_norm(xd, (n,), wd, bd, 1e-5).backward(dy.double())
+        for name in names:
+            plan = norms.plan_named(name, n)
+            assert name == "two-stage" or plan.name == name, (name, plan)
+            assert norms.plan_named(plan.name, n) == plan
+            dx, dw, db = norms.norm_backward(dy, x, w, True, mean, rstd, None, False, n, plan=plan)
+            what = f"layer_norm bwd {rows}x{n} plan {name}"
+            _close(torch, dx, xd.grad, torch.float32, what + " dx")
+            _close(torch, dw, wd.grad, torch.float32, what + " dw", max(rows, 1))
+            _close(torch, db, bd.grad, torch.float32, what + " db", max(rows, 1))
+    for bad in ("fused", "fused p1", "two-stage w4", "fused p1 w4 extra", "single"):
+        try:
+            norms.plan_named(bad, 300)
+        except ValueError:
+            continue
+        raise AssertionError(f"plan_named accepted {bad!r}")
+    print("case norm_plans ok")
 
 
 def case_routing():

@@ -256,32 +256,62 @@ class BwdPlan:
 
     ``fused``: one ``_norm_bwd`` kernel, ``min(rows, programs_per_sm * SMs)`` programs, each a strip
     of rows (the row of ``block`` elements in registers) with its dw/db partial sums, then one
-    ``sum(0)``. Else the two-stage path: ``_norm_bwd_dx`` (the row in registers when ``single``, else
-    looped in tiles of ``block``) and the column-tiled ``_norm_bwd_dwdb``. ``warps``: the first kernel's."""
+    ``sum(0)``; with ``db_apart`` the kernel keeps no db accumulator (one row-wide float32 vector fewer
+    in registers) and the bias gradient is torch's float32 column sum of dy. Else the two-stage path:
+    ``_norm_bwd_dx`` (the row in registers when ``single``, else looped in tiles of ``block``) and the
+    column-tiled ``_norm_bwd_dwdb``. ``warps``: the first kernel's. :attr:`name` is the plan's name in
+    :data:`BWD_TUNED` and the tuner's tables; :func:`plan_named` reads it back."""
 
     fused: bool
     block: int
     single: bool
     warps: int
     programs_per_sm: int = 4
+    db_apart: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.fused:
+            return f"fused p{self.programs_per_sm} w{self.warps}" + (" db-apart" if self.db_apart else "")
+        return f"two-stage single w{self.warps}" if self.single else f"two-stage looped w{self.warps}"
+
+
+def plan_named(name: str, n: int) -> BwdPlan:
+    """The plan called ``name`` for rows of ``n`` elements: ``"two-stage"`` (:func:`two_stage_plan`),
+    ``"two-stage single wW"`` (the dx row in registers, W warps), ``"two-stage looped wW"``,
+    ``"fused pP wW"`` or ``"fused pP wW db-apart"`` (:class:`BwdPlan`). Raises ValueError for another name."""
+    words = name.split()
+    block = next_power_of_2(n)
+    try:
+        if words == ["two-stage"]:
+            return two_stage_plan(n)
+        warps = int(words[-1][1:]) if words[0] == "two-stage" else int(words[2][1:])
+        if words[0] == "two-stage" and len(words) == 3 and words[1] in ("single", "looped") and words[2][0] == "w":
+            single = words[1] == "single"
+            return BwdPlan(False, block if single else DX_TILE, single, warps)
+        if (words[0] == "fused" and len(words) in (3, 4) and words[1][0] == "p" and words[2][0] == "w"
+                and words[3:] in ([], ["db-apart"])):
+            return BwdPlan(True, block, True, warps, int(words[1][1:]), len(words) == 4)
+    except (IndexError, ValueError):
+        pass
+    raise ValueError(f"not a norm backward plan name: {name!r}")
 
 
 #: measured on the H200 (benchmarks/tune_norm_bwd.py, reports/cuda/tune_norm_bwd.json): per
-#: (norm, dtype, row block), the fused kernel's (programs per SM, warps), or None where the two-stage
-#: path was fastest (layer_norm from 16384 wide: its dw and db accumulators spill). Fewer programs
-#: as rows widen: each keeps a row-wide float32 accumulator. Blocks not listed take
-#: :func:`default_bwd_plan`. rms_norm's entries serve add_rms_norm too (the same kernel plus dh).
+#: (norm, dtype, row block), the name of the fastest plan (:func:`plan_named`). Fewer programs as rows
+#: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
+#: rms_norm's entries serve add_rms_norm too (the same kernel plus dh).
 BWD_TUNED: dict = {
-    **{("layer_norm", dt, 1024): (8, 4) for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 1024): (8, 4) for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 4096): (2, 8) for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 4096): (2, 16) for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 8192): (1, 8) for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 8192): (1, 16) for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 16384): None for dt in ("float32", "bfloat16")},
-    ("rms_norm", "float32", 16384): (1, 32),
-    ("rms_norm", "bfloat16", 16384): (1, 16),
-    **{(op, dt, 32768): None for op in ("layer_norm", "rms_norm") for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 1024): "fused p8 w4" for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 1024): "fused p8 w4" for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 4096): "fused p2 w8" for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 4096): "fused p2 w16" for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 8192): "fused p1 w8" for dt in ("float32", "bfloat16")},
+    **{("rms_norm", dt, 8192): "fused p1 w16" for dt in ("float32", "bfloat16")},
+    **{("layer_norm", dt, 16384): "two-stage" for dt in ("float32", "bfloat16")},
+    ("rms_norm", "float32", 16384): "fused p1 w32",
+    ("rms_norm", "bfloat16", 16384): "fused p1 w16",
+    **{(op, dt, 32768): "two-stage" for op in ("layer_norm", "rms_norm") for dt in ("float32", "bfloat16")},
 }
 
 
@@ -306,16 +336,8 @@ def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool) -> BwdPlan:
     key = (n, dtype, is_rms, num_warps_for)
     p = _bwd_params.get(key)
     if p is None:
-        block = next_power_of_2(n)
-        tkey = ("rms_norm" if is_rms else "layer_norm", dtype_name(dtype), block)
-        if tkey not in BWD_TUNED:
-            p = default_bwd_plan(n)
-        elif BWD_TUNED[tkey] is None:
-            p = two_stage_plan(n)
-        else:
-            progs, warps = BWD_TUNED[tkey]
-            p = BwdPlan(True, block, True, warps, progs)
-        _bwd_params[key] = p
+        name = BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", dtype_name(dtype), next_power_of_2(n)))
+        p = _bwd_params[key] = default_bwd_plan(n) if name is None else plan_named(name, n)
     return p
 
 
@@ -398,15 +420,19 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
-        dw_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_w else None
-        db_part = torch.empty((progs, n), dtype=torch.float32, device=dev) if has_bias else None
+        db_in_kernel = has_bias and not plan.db_apart
+        new = torch.empty if rows else torch.zeros  # no rows: no program writes the partial sums
+        dw_part = new((progs, n), dtype=torch.float32, device=dev) if has_w else None
+        db_part = new((progs, n), dtype=torch.float32, device=dev) if db_in_kernel else None
         if rows:
             args = (dy2, x2, w_, mean_, rstd, dh_, dx, rstd if dw_part is None else dw_part,
                     rstd if db_part is None else db_part, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0),
                     rows, n, per)
-            key = None if base is None else base + args[9:13] + (int_class(rows), n, int_class(per))
-            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
+            key = None if base is None else base + (db_in_kernel,) + args[9:13] + (int_class(rows), n, int_class(per))
+            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=db_in_kernel,
                                                 HAS_DH=dh2 is not None, num_warps=plan.warps))
+        if has_bias and not db_in_kernel:  # the column sum of dy in float32, as the partial sums would add up
+            db32 = dy2.sum(0, dtype=torch.float32)
     else:
         args = (dy2, x2, w_, mean_, rstd, dh_, dx, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0), n)
         _BWD_DX((rows, 1, 1), None if base is None else base + args[7:], args,
@@ -424,7 +450,9 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                            num_warps=8))
     dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
-    db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
+    if db_part is not None:
+        db32 = db_part.sum(0)
+    db = db32.to(weight.dtype if has_w else x.dtype) if has_bias else None
     return (dx if x.dim() == 2 and x.shape[1] == n else dx.view(x.shape)), dw, db
 
 
