@@ -28,7 +28,13 @@ Modes (one per run):
 - ``--graphs``: the previous CUDA-graph measurement of the forward (HAL vs torch GPU time only).
 - ``--raw-triton``: the Triton kernels called directly (``hal.backends.cuda.kernels.load``, routing
   forced to the kernel) against torch over a row sweep, per op, dtype and mode (``infer`` = forward,
-  ``train`` = forward + backward), wall timing as above; writes the routing table
+  ``train`` = forward + backward), wall timing as above. A ``train`` unit is :data:`TRAIN_CALLS`
+  independent calls (each on its own inputs) and one ``torch.autograd.grad`` over all of them, and the
+  time per call is the unit's divided by that count (one call alone up from :data:`TRAIN_CHAIN_MAX_NUMEL`
+  elements, where the host cost no longer matters), as in a model's training step: autograd hands the
+  backward to the device's worker thread and back once per ``grad``/``backward`` call (about 60 us on
+  the H200's host, ``benchmarks/bench_autograd_host.py``), not once per op, so a unit of one call would
+  charge every op that start-up, the kernels' Python backward twice. Writes the routing table
   ``{"measured", "default", "ops": {op: {dtype: {"infer": min_numel, "train": min_numel}}}}`` (the
   format :mod:`hal.backends.cuda.kernels.routing` reads from ``HAL_CUDA_ROUTING``): the smallest
   measured numel from which Triton is at least as fast as torch at every larger measured size
@@ -503,6 +509,23 @@ def eager(args: argparse.Namespace, device: torch.device) -> dict:
 SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536), "cpu": (1, 4, 16)}
 SWEEP_WIDTH = {"cuda": {"silu_and_mul": 8192, "cross_entropy": 32000, None: 4096},
                "cpu": {"silu_and_mul": 64, "cross_entropy": 100, None: 32}}
+#: calls per backward in a training-mode sweep unit (see the module docstring), up to this many elements
+TRAIN_CALLS, TRAIN_CHAIN_MAX_NUMEL = 8, 1 << 24
+
+
+def train_unit(fn: Callable, inputs: tuple, diff: tuple, calls: int) -> Callable[[], Any]:
+    """A no-argument callable: ``calls`` calls of ``fn``, each on its own copy of ``inputs`` (the ``diff``
+    ones leaves that require grad), then one ``torch.autograd.grad`` of all their outputs (grad outputs of
+    ones, made here) with respect to all those leaves."""
+    sets = [tuple(a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(inputs))
+            for _ in range(calls)]
+    wrt = [s[i] for s in sets for i in diff]
+    gos = [torch.ones_like(o) for s in sets for o in _outs(fn(*s)) if o.requires_grad]
+
+    def unit():
+        outs = [o for s in sets for o in _outs(fn(*s)) if o.requires_grad]
+        return torch.autograd.grad(outs, wrt, gos)
+    return unit
 
 
 def min_numel(points: list[tuple[int, float, float]]) -> Optional[int]:
@@ -555,7 +578,8 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
     sweep: list[dict] = []
     # routing.py's table format; ops the sweep does not cover keep the shipped table's default
     doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
-                       "triton kernel (routing forced to it) vs torch eager",
+                       "triton kernel (routing forced to it) vs torch eager; train: forward + backward, "
+                       f"{TRAIN_CALLS} calls per torch.autograd.grad up to {TRAIN_CHAIN_MAX_NUMEL} elements",
            "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
     with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
         for op in [o for o in args.kernels if o in routing.OPS]:  # the ops the routing table decides
@@ -577,18 +601,15 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
 
                             def tri(*a, _k=kern, _c=call):
                                 return _c(_k, *a)
+                            calls = 1 if mode == "infer" or rows * width > TRAIN_CHAIN_MAX_NUMEL else TRAIN_CALLS
+                            rec["calls_per_unit"] = calls
                             for col, fn in (("triton_us", tri), ("torch_us", tfn)):
                                 if mode == "infer":
                                     unit = runner(fn, inputs, case, "fwd")
                                 else:
-                                    leaves = tuple(a.detach().requires_grad_() if i in diff else a
-                                                   for i, a in enumerate(inputs))
-
-                                    def unit(_fn=fn, _l=leaves):
-                                        outs = [o for o in _outs(_fn(*_l)) if o.requires_grad]
-                                        return torch.autograd.grad(outs, [_l[i] for i in diff],
-                                                                   [torch.ones_like(o) for o in outs])
-                                rec[col] = timer.wall(unit)
+                                    unit = train_unit(fn, inputs, diff, calls)
+                                rec[col] = timer.wall(unit) / calls
+                                del unit
                         except Exception as exc:
                             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                         sweep.append(rec)

@@ -11,7 +11,8 @@ row, and the weight/bias gradients as partial sums over its strip (``[programs, 
 up by one ``sum(0)``); wider rows take fewer programs per SM. The two-stage plan (layer_norm from
 16384 wide, every norm at 32768, where a row-wide float32 accumulator per program spills) takes two
 kernels: ``_norm_bwd_dx`` writes the input gradient, one row per program (the row in registers up
-to :data:`DX_SINGLE_MAX` elements, else two passes over column tiles), and ``_norm_bwd_dwdb`` is
+to :data:`DX_SINGLE_MAX` elements by default and up to 16384 in the tuned layer_norm plans, else two
+passes over column tiles), and ``_norm_bwd_dwdb`` is
 column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to the SM count (about
 ``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its strip of rows for
 its columns into a ``[row groups, N]`` float32 buffer, then ``sum(0)``.
@@ -302,16 +303,26 @@ def plan_named(name: str, n: int) -> BwdPlan:
 #: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
 #: rms_norm's entries serve add_rms_norm too (the same kernel plus dh).
 BWD_TUNED: dict = {
-    **{("layer_norm", dt, 1024): "fused p8 w4" for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 1024): "fused p8 w4" for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 4096): "fused p2 w8" for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 4096): "fused p2 w16" for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 8192): "fused p1 w8" for dt in ("float32", "bfloat16")},
-    **{("rms_norm", dt, 8192): "fused p1 w16" for dt in ("float32", "bfloat16")},
-    **{("layer_norm", dt, 16384): "two-stage" for dt in ("float32", "bfloat16")},
+    ("layer_norm", "float32", 1024): "fused p8 w4",
+    ("rms_norm", "float32", 1024): "fused p8 w4",
+    ("layer_norm", "float32", 4096): "fused p2 w8",
+    ("rms_norm", "float32", 4096): "fused p2 w16",
+    ("layer_norm", "float32", 8192): "fused p1 w8",
+    ("rms_norm", "float32", 8192): "fused p1 w16",
+    ("layer_norm", "float32", 16384): "two-stage single w16",
     ("rms_norm", "float32", 16384): "fused p1 w32",
+    ("layer_norm", "float32", 32768): "two-stage",
+    ("rms_norm", "float32", 32768): "two-stage",
+    ("layer_norm", "bfloat16", 1024): "fused p8 w4",
+    ("rms_norm", "bfloat16", 1024): "fused p8 w4",
+    ("layer_norm", "bfloat16", 4096): "fused p2 w8",
+    ("rms_norm", "bfloat16", 4096): "fused p2 w8",
+    ("layer_norm", "bfloat16", 8192): "fused p1 w8",
+    ("rms_norm", "bfloat16", 8192): "fused p1 w16",
+    ("layer_norm", "bfloat16", 16384): "two-stage single w32",
     ("rms_norm", "bfloat16", 16384): "fused p1 w16",
-    **{(op, dt, 32768): "two-stage" for op in ("layer_norm", "rms_norm") for dt in ("float32", "bfloat16")},
+    ("layer_norm", "bfloat16", 32768): "two-stage",
+    ("rms_norm", "bfloat16", 32768): "two-stage",
 }
 
 
