@@ -83,11 +83,14 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/kern_timing.json": _req("routing", "rows", rows={"type": "array"}),
     "reports/cuda/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
     # benchmarks/tune_norm_bwd.py: every norm backward plan's GPU time per width, and the chosen table
-    "reports/cuda/tune_norm_bwd.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
+    "reports/cuda/tune_norm_bwd*.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                             tuned={"type": "object", "minProperties": 1}),
     # benchmarks/tune_softmax_bwd.py: every softmax backward plan's GPU time per width, and the chosen warps
     "reports/cuda/tune_softmax_bwd.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                                tuned={"type": "object", "minProperties": 1}),
+    # benchmarks/bench_autograd_host.py: host time of a training-mode call, torch's op against autograd.Functions
+    "reports/cuda/autograd_host*.json": _req("environment", "device", "shape", "method", "rows",
+                                             rows={"type": "array", "minItems": 1}),
     # benchmarks/bench_host_path.py: host time per layer of the kernel path
     "reports/cuda/host_path-*.json": _req("environment", "timing", "rows", rows={"type": "array", "minItems": 1}),
     "reports/cuda/launch-experiment-*/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
