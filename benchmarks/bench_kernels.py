@@ -28,7 +28,8 @@ Modes (one per run):
 - ``--graphs``: the previous CUDA-graph measurement of the forward (HAL vs torch GPU time only).
 - ``--raw-triton``: the Triton kernels called directly (``hal.backends.cuda.kernels.load``, routing
   forced to the kernel) against torch over a row sweep, per op, dtype and mode (``infer`` = forward,
-  ``train`` = forward + backward), wall timing as above. A ``train`` unit is :data:`TRAIN_CALLS`
+  ``train`` = forward + backward), wall timing as above, kernel and torch side by side
+  (:meth:`Timer.wall_pair`, :data:`SWEEP_ROUNDS` rounds). A ``train`` unit is :data:`TRAIN_CALLS`
   independent calls (each on its own inputs) and one ``torch.autograd.grad`` over all of them, and the
   time per call is the unit's divided by that count (one call alone up from :data:`TRAIN_CHAIN_MAX_NUMEL`
   elements, where the host cost no longer matters), as in a model's training step: autograd hands the
@@ -509,6 +510,8 @@ def eager(args: argparse.Namespace, device: torch.device) -> dict:
 SWEEP_ROWS = {"cuda": (1, 8, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536), "cpu": (1, 4, 16)}
 SWEEP_WIDTH = {"cuda": {"silu_and_mul": 8192, "cross_entropy": 32000, None: 4096},
                "cpu": {"silu_and_mul": 64, "cross_entropy": 100, None: 32}}
+#: rounds of the sweep's side-by-side timing (Timer.wall_pair)
+SWEEP_ROUNDS = 11
 #: calls per backward in a training-mode sweep unit (see the module docstring), up to this many elements
 TRAIN_CALLS, TRAIN_CHAIN_MAX_NUMEL = 8, 1 << 24
 
@@ -578,7 +581,7 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
     sweep: list[dict] = []
     # routing.py's table format; ops the sweep does not cover keep the shipped table's default
     doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
-                       "triton kernel (routing forced to it) vs torch eager; train: forward + backward, "
+                       "triton kernel (routing forced to it) vs torch eager, side by side; train: forward + backward, "
                        f"{TRAIN_CALLS} calls per torch.autograd.grad up to {TRAIN_CHAIN_MAX_NUMEL} elements",
            "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
     with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
@@ -603,13 +606,12 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
                                 return _c(_k, *a)
                             calls = 1 if mode == "infer" or rows * width > TRAIN_CHAIN_MAX_NUMEL else TRAIN_CALLS
                             rec["calls_per_unit"] = calls
-                            for col, fn in (("triton_us", tri), ("torch_us", tfn)):
-                                if mode == "infer":
-                                    unit = runner(fn, inputs, case, "fwd")
-                                else:
-                                    unit = train_unit(fn, inputs, diff, calls)
-                                rec[col] = timer.wall(unit) / calls
-                                del unit
+                            units = [runner(fn, inputs, case, "fwd") if mode == "infer"
+                                     else train_unit(fn, inputs, diff, calls) for fn in (tri, tfn)]
+                            # side by side (rounds alternating), as the eager table's small rows
+                            tri_us, tor_us, _ = timer.wall_pair(*units, rounds=SWEEP_ROUNDS)
+                            rec["triton_us"], rec["torch_us"] = tri_us / calls, tor_us / calls
+                            del units
                         except Exception as exc:
                             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                         sweep.append(rec)

@@ -150,6 +150,54 @@ def test_dispatcher_calls_a_self_checking_impl_without_predicates():
     assert calls["slow"] == 3 and calls["pred"] >= 3
 
 
+def test_dispatcher_takes_a_size_route_in_its_own_frame():
+    """A self-checking implementation with ``hal_size_route = (floors, plain)``: calls under ``floors[op]``
+    elements go to ``plain`` from the dispatcher (the implementation is not called), calls at or above it
+    to the implementation; the floors dict is read per call; ``fallback=`` still takes the uncached path."""
+    calls = {"impl": 0, "plain": 0}
+
+    def reference(x, k=1):
+        return x + k
+
+    def plain(x, k=1):
+        calls["plain"] += 1
+        return x + k
+
+    def impl(x, k=1):
+        calls["impl"] += 1
+        return x + k
+
+    floors = {"_routing_test_sized": 4}
+    setattr(impl, H.SELF_CHECKING, True)
+    setattr(impl, H.SIZE_ROUTE, (floors, plain))
+    op = H.define_op("_routing_test_sized", "hal::_routing_test_sized", reference)
+    H.REGISTRY.register("_routing_test_sized", "cpu", impl, impl="sized", priority=10)
+    small, big = torch.zeros(3), torch.zeros(4)
+    op(small)  # the first call resolves (the implementation itself); later ones use the cache
+    calls.update(impl=0, plain=0)
+    assert torch.equal(op(small, 2), small + 2) and torch.equal(op(small, k=3), small + 3)
+    assert calls == {"impl": 0, "plain": 2}
+    assert torch.equal(op(big), big + 1) and calls == {"impl": 1, "plain": 2}
+    floors["_routing_test_sized"] = 0  # updated in place: every call is the implementation's now
+    op(small)
+    assert calls == {"impl": 2, "plain": 2}
+    floors["_routing_test_sized"] = 100
+    op(big, fallback="error")  # a per-call policy: the uncached path calls the implementation
+    assert calls == {"impl": 3, "plain": 2}
+
+
+def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
+    """Every CUDA kernel wrapper declares its size route: the routing floors and the op's torch reference,
+    which is what the wrapper itself calls under the floor (CPU tensors stand in for the kernel device)."""
+    pytest.importorskip("triton")
+    from hal.backends.cuda import kernels
+    from hal.ops import torch_impl
+    for op in routing.OPS:
+        fn, _ = kernels.load(op)
+        floors, plain = getattr(fn, H.SIZE_ROUTE)
+        assert floors is routing.floors() and plain is torch_impl.OPS[op][2], op
+
+
 def test_predicates_accept_and_reject_on_the_fast_path(monkeypatch):
     """The kernel wrappers run these predicates on every call (cheap tensor queries): they must still
     reject what the kernels cannot take. CPU tensors stand in for the kernel device."""

@@ -6,9 +6,11 @@ that view, copying only when the input cannot be viewed so (a non-contiguous las
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
-from hal.ops import SELF_CHECKING
+from hal.ops import SELF_CHECKING, SIZE_ROUTE
 
 #: dtypes the Triton kernels take (compute is always float32 inside the kernel)
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16"})
@@ -71,9 +73,16 @@ def num_warps_for(block: int) -> int:
     return 2 if block >= 256 else 1
 
 
-def self_checking(fn):
-    """Mark ``fn`` as taking every call of its op: it checks its own arguments and calls torch's kernel
-    for what it does not compute (:data:`hal.ops.SELF_CHECKING`: the dispatcher then runs no predicate
-    chain per call); returns ``fn``."""
+def self_checking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the kernel wrapper ``fn`` (named as its HAL op) as taking every call of its op: it checks its
+    own arguments and calls torch's kernel for what it does not compute (:data:`hal.ops.SELF_CHECKING`:
+    the dispatcher then runs no predicate chain per call). Below the op's routing floor
+    (:func:`routing.floors`) the wrapper's answer is the op's torch reference (``hal.ops.torch_impl``)
+    called with the same arguments, so the dispatcher makes those calls itself (:data:`hal.ops.SIZE_ROUTE`).
+    Returns ``fn``."""
+    from hal.backends.cuda.kernels import routing
+    from hal.ops import torch_impl
+
     setattr(fn, SELF_CHECKING, True)
+    setattr(fn, SIZE_ROUTE, (routing.floors(), torch_impl.OPS[fn.__name__][2]))
     return fn
