@@ -151,9 +151,10 @@ def test_dispatcher_calls_a_self_checking_impl_without_predicates():
 
 
 def test_dispatcher_takes_a_size_route_in_its_own_frame():
-    """A self-checking implementation with ``hal_size_route = (floors, plain)``: calls under ``floors[op]``
-    elements go to ``plain`` from the dispatcher (the implementation is not called), calls at or above it
-    to the implementation; the floors dict is read per call; ``fallback=`` still takes the uncached path."""
+    """A self-checking implementation with ``hal_size_route = (floors, plain)``: calls under
+    ``floors[(op, dtype, grad enabled)]`` elements go to ``plain`` from the dispatcher (the implementation is
+    not called), calls at or above it to the implementation; the floors dict is read per call; a dtype
+    without keys has no route; ``fallback=`` still takes the uncached path."""
     calls = {"impl": 0, "plain": 0}
 
     def reference(x, k=1):
@@ -167,7 +168,8 @@ def test_dispatcher_takes_a_size_route_in_its_own_frame():
         calls["impl"] += 1
         return x + k
 
-    floors = {"_routing_test_sized": 4}
+    op_name, f32 = "_routing_test_sized", torch.float32
+    floors = {(op_name, f32, False): 4, (op_name, f32, True): 4}
     setattr(impl, H.SELF_CHECKING, True)
     setattr(impl, H.SIZE_ROUTE, (floors, plain))
     op = H.define_op("_routing_test_sized", "hal::_routing_test_sized", reference)
@@ -178,12 +180,18 @@ def test_dispatcher_takes_a_size_route_in_its_own_frame():
     assert torch.equal(op(small, 2), small + 2) and torch.equal(op(small, k=3), small + 3)
     assert calls == {"impl": 0, "plain": 2}
     assert torch.equal(op(big), big + 1) and calls == {"impl": 1, "plain": 2}
-    floors["_routing_test_sized"] = 0  # updated in place: every call is the implementation's now
+    floors[(op_name, f32, True)] = 0  # updated in place: with grad mode on every call is the implementation's
     op(small)
     assert calls == {"impl": 2, "plain": 2}
-    floors["_routing_test_sized"] = 100
+    with torch.no_grad():  # grad mode off reads the other key
+        op(small)
+    assert calls == {"impl": 2, "plain": 3}
+    floors[(op_name, f32, True)] = 100
     op(big, fallback="error")  # a per-call policy: the uncached path calls the implementation
-    assert calls == {"impl": 3, "plain": 2}
+    assert calls == {"impl": 3, "plain": 3}
+    op(torch.zeros(3, dtype=torch.float64))  # no keys for float64: no route
+    op(torch.zeros(3, dtype=torch.float64))
+    assert calls == {"impl": 5, "plain": 3}
 
 
 def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
@@ -195,7 +203,32 @@ def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
     for op in routing.OPS:
         fn, _ = kernels.load(op)
         floors, plain = getattr(fn, H.SIZE_ROUTE)
-        assert floors is routing.floors() and plain is torch_impl.OPS[op][2], op
+        assert floors is routing.dispatch_floors() and plain is torch_impl.OPS[op][2], op
+
+
+@pytest.mark.parametrize("spec", [None, "triton", "torch", "doc"])
+def test_dispatch_floors_are_the_exact_per_dtype_bound(spec):
+    """``dispatch_floors()[(op, dtype, grad)]`` is the infer threshold without grad mode and the smaller of
+    infer and train with it: under it :func:`routing.decide` answers torch for every mode the call could be
+    in, and at it one of them answers the kernel (the bound is exact); the dict is live."""
+    live = routing.dispatch_floors()
+    doc = {"measured": "unit test", "default": 50,
+           "ops": {"softmax": {"float32": {"infer": 10, "train": None}, "bfloat16": {"infer": None, "train": 7}},
+                   "silu_and_mul": {"float32": {"infer": 12, "train": 0}}}}
+    with routing.using(doc if spec == "doc" else spec or str(routing.DEFAULT_PATH)):
+        assert routing.dispatch_floors() is live
+        for (op, dt, grad), floor in live.items():
+            modes = ("infer", "train") if grad else ("infer",)
+            if floor < routing._NEVER:
+                assert any(routing.decide(op, dt, m, floor) for m in modes), (op, dt, grad)
+            if floor > 0:
+                assert not any(routing.decide(op, dt, m, floor - 1) for m in modes), (op, dt, grad)
+        if spec == "doc":
+            assert live[("softmax", torch.float32, False)] == 10 and live[("softmax", torch.float32, True)] == 10
+            assert live[("softmax", torch.bfloat16, False)] == routing._NEVER
+            assert live[("softmax", torch.bfloat16, True)] == 7
+            assert live[("silu_and_mul", torch.float32, False)] == 12
+            assert live[("silu_and_mul", torch.float32, True)] == 0
 
 
 def test_predicates_accept_and_reject_on_the_fast_path(monkeypatch):

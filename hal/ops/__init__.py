@@ -13,12 +13,13 @@ the uncached path, so its own policy applies.
 
 A self-checking implementation may also say which calls it would hand to a plain function unchanged
 because they are small: the attribute ``hal_size_route`` (:data:`SIZE_ROUTE`) = ``(floors, plain)``
-means that a call whose first argument has fewer elements than ``floors[op]`` is exactly
-``plain(*args, **kwargs)``. The dispatcher then makes that call itself, in its own frame: one Python
-call fewer on the path where a Python frame costs as much as the work it routes (on the H200's host,
-0.3 us against torch calls of 8-15 us). ``floors`` is the implementation's dict, read per call (it may
-be updated in place); the implementation must give the same answer for those calls when called
-directly.
+means that a call whose first argument ``x`` has fewer elements than
+``floors[(op, x.dtype, torch.is_grad_enabled())]`` is exactly ``plain(*args, **kwargs)`` (a dtype
+without both keys has no size route). The dispatcher then makes that call itself, in its own frame:
+one Python call fewer on the path where a Python frame costs as much as the work it routes (on the
+H200's host, 0.3-0.4 us against torch calls of 7-15 us). ``floors`` is the implementation's dict, read
+per call (it may be updated in place); the implementation must give the same answer for those calls
+when called directly.
 
 Raises NotSupportedError when the policy is ``error`` and no implementation fits.
 
@@ -53,8 +54,10 @@ __all__ = ["REGISTRY", "OpRegistry", "OpImpl", "Resolution", "POLICIES", "fallba
 #: calls torch's kernel itself for what it does not compute), so no per-call ``supports`` chain runs
 SELF_CHECKING = "hal_checks_own_args"
 #: attribute of a self-checking implementation: ``(floors, plain)``, calls with fewer elements in their
-#: first argument than ``floors[op]`` are ``plain``'s, and the dispatcher calls ``plain`` directly
+#: first argument ``x`` than ``floors[(op, x.dtype, torch.is_grad_enabled())]`` are ``plain``'s, and the
+#: dispatcher calls ``plain`` directly
 SIZE_ROUTE = "hal_size_route"
+_grad_enabled = torch.is_grad_enabled
 
 _registered_device_types: set[str] = set()
 _caches: list[dict] = []
@@ -164,7 +167,8 @@ def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tupl
 def _make(op: str) -> Callable[..., Any]:
     # the resolution cache (see the module docstring): dtype -> entry for CUDA and for CPU tensors,
     # (torch.device, dtype) -> entry for every other device type; an entry is (implementation, floors,
-    # plain), floors and plain None unless the implementation has a size route (SIZE_ROUTE)
+    # (floor key without grad, with grad), plain), the last three None unless the implementation has a
+    # size route for the dtype (SIZE_ROUTE)
     cuda: dict = {}
     cpu: dict = {}
     other: dict = {}
@@ -172,7 +176,10 @@ def _make(op: str) -> Callable[..., Any]:
 
     def store(device: torch.device, dtype: torch.dtype, fn: Callable[..., Any]) -> None:
         floors, plain = getattr(fn, SIZE_ROUTE, (None, None))
-        entry = (fn, floors, plain)
+        keys = ((op, dtype, False), (op, dtype, True))
+        if floors is None or keys[0] not in floors or keys[1] not in floors:
+            floors = keys = plain = None
+        entry = (fn, floors, keys, plain)
         if device.type == "cuda":
             cuda[dtype] = entry
         elif device.type == "cpu":
@@ -218,8 +225,8 @@ def _make(op: str) -> Callable[..., Any]:
             entry = other.get((x.device, x.dtype))  # not x.device.type: building that str costs more
         if entry is None or fallback is not None:  # a per-call policy is honoured by the uncached path
             return slow(x, args, kwargs, fallback)
-        fn, floors, plain = entry
-        if floors is not None and x.numel() < floors[op]:  # the implementation's size route, in this frame
+        fn, floors, keys, plain = entry
+        if floors is not None and x.numel() < floors[keys[_grad_enabled()]]:  # the size route, in this frame
             fn = plain
         if kwargs:
             return fn(*args, **kwargs)

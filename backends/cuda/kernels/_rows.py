@@ -76,13 +76,13 @@ def num_warps_for(block: int) -> int:
 def self_checking(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark the kernel wrapper ``fn`` (named as its HAL op) as taking every call of its op: it checks its
     own arguments and calls torch's kernel for what it does not compute (:data:`hal.ops.SELF_CHECKING`:
-    the dispatcher then runs no predicate chain per call). Below the op's routing floor
-    (:func:`routing.floors`) the wrapper's answer is the op's torch reference (``hal.ops.torch_impl``)
-    called with the same arguments, so the dispatcher makes those calls itself (:data:`hal.ops.SIZE_ROUTE`).
-    Returns ``fn``."""
+    the dispatcher then runs no predicate chain per call). Below the routing floor of the call's dtype and
+    grad mode (:func:`routing.dispatch_floors`) the wrapper's answer is the op's torch reference
+    (``hal.ops.torch_impl``) called with the same arguments, so the dispatcher makes those calls itself
+    (:data:`hal.ops.SIZE_ROUTE`). Returns ``fn``."""
     from hal.backends.cuda.kernels import routing
     from hal.ops import torch_impl
 
     setattr(fn, SELF_CHECKING, True)
-    setattr(fn, SIZE_ROUTE, (routing.floors(), torch_impl.OPS[fn.__name__][2]))
+    setattr(fn, SIZE_ROUTE, (routing.dispatch_floors(), torch_impl.OPS[fn.__name__][2]))
     return fn

@@ -55,6 +55,8 @@ _table: Optional[dict] = None
 _fast: dict = {}
 #: op -> min(threshold over DTYPES and MODES): the live dict :func:`floors` hands out (identity kept)
 _floors: dict = {op: 0 for op in OPS}
+#: (op, torch dtype, grad enabled) -> floor: the live dict :func:`dispatch_floors` hands out (identity kept)
+_dispatch_floors: dict = {(op, dt, g): 0 for op in OPS for dt in DTYPES.values() for g in (False, True)}
 
 
 class RoutingTableError(HalError, ValueError):
@@ -132,10 +134,13 @@ def _install(t: dict) -> None:
         fast[(op, DTYPES[dt], mode)] = v
     th = t["thresholds"]
     floors = {op: min(th[(op, dt, m)] for dt in DTYPES for m in MODES) for op in OPS}
+    by_dtype = {(op, DTYPES[dt], g): min(th[(op, dt, "infer")], th[(op, dt, "train")]) if g else th[(op, dt, "infer")]
+                for op in OPS for dt in DTYPES for g in (False, True)}
     _table = t
     _fast.clear()
     _fast.update(fast)
     _floors.update(floors)  # in place, same keys: the wrappers hold this dict
+    _dispatch_floors.update(by_dtype)  # likewise: hal.ops' dispatcher holds it
 
 
 def reload(spec: Optional[str] = None) -> dict:
@@ -178,6 +183,17 @@ def floors() -> dict:
     The same dict object is returned every time and updated in place by :func:`reload` and
     :func:`using`, so a kernel wrapper may bind it once, at import."""
     return _floors
+
+
+def dispatch_floors() -> dict:
+    """``{(op, torch dtype, grad enabled): elements}``: a call of ``op`` on fewer input elements of that dtype
+    goes to torch whatever :func:`mode` would say, given whether grad mode is on (on: the smaller of the
+    infer and train thresholds, since the tensors may or may not require grad; off: the infer threshold).
+    The size route the kernel wrappers give ``hal.ops``' dispatcher (:data:`hal.ops.SIZE_ROUTE`), finer
+    than :func:`floors` (per dtype and grad mode, which the dispatcher knows at no cost: its cache entry
+    is per dtype). The same dict object every time, updated in place as :func:`floors`'s is; 0 for every
+    key until a table is loaded."""
+    return _dispatch_floors
 
 
 def mode(*tensors: Optional[torch.Tensor]) -> str:
