@@ -4,8 +4,9 @@ Two sections, each row a pair of callables timed in interleaved rounds (so drift
 
 - ``plain``: ``hal.ops`` dispatch to torch's own function (issue 2's goal: hal.ops.softmax adds at most
   1 us per call over torch.softmax on a 64-element CPU tensor, 1.5 us at the very most).
-- ``wrappers``: ``hal.ops.<op>`` through the CUDA backend's self-checking kernel wrappers
-  (``backends/cuda/kernels``) at small shapes, which the routing table sends to torch's kernel (issue 23's
+- ``wrappers``: ``hal.ops.<op>`` with the CUDA backend's self-checking kernel wrappers registered
+  (``backends/cuda/kernels``) at small shapes, which the routing table sends to torch's kernel: the dispatcher
+  takes the wrappers' size route (``hal.ops.SIZE_ROUTE``) and calls the op's torch reference itself (issue 23's
   goal: no row below 0.97x torch). With ``--device cpu`` the wrappers are pointed at CPU tensors
   (``_rows.KERNEL_DEVICE = "cpu"``, as tests/test_triton_interpret.py does) and registered for the CPU in
   the op registry, so ``hal.ops.softmax(cpu_tensor)`` takes exactly the path a CUDA call takes on the GPU
