@@ -4,10 +4,11 @@ Liger-Kernel's backward, for layer_norm (with a bias) and rms_norm, float32 and 
 
 Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db), its dx row held in
 registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
-every (programs per SM, warps) in the grid below, for layer_norm also with the bias gradient apart. Each plan's dx and dw are
-checked against the shipped plan's (relative error, field ``rel_err``). Timing: the GPU time of one
-call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the host enqueues, events
-around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
+every (programs per SM, warps) in the grid below. (A fused plan with the bias gradient taken apart, as
+torch's column sum of dy, was tried at 2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart``
+plans.) Each plan's dx and dw are checked against the shipped plan's (relative error, field ``rel_err``).
+Timing: the GPU time of one call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the
+host enqueues, events around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
 ``torch.autograd.grad`` over a retained graph.
 
 Prints, per (op, dtype, shape), the best plan against torch, Liger and the shipped plan
@@ -42,10 +43,10 @@ SINGLE_DX_MAX = 16384
 REL_ERR_OK = 0.05
 
 
-def plans(n: int, is_rms: bool) -> list[tuple[str, object]]:
+def plans(n: int) -> list[tuple[str, object]]:
     """``(name, plan)`` of every plan tried for rows of ``n`` elements (names as ``norms.plan_named`` reads
     them): the two-stage plan, its dx row in registers (rows up to ``SINGLE_DX_MAX``), and the fused
-    plans; layer_norm also fused with the bias gradient apart (``db-apart``)."""
+    plans."""
     from hal.backends.cuda.kernels import norms
     block = norms.next_power_of_2(n)
     out = [norms.two_stage_plan(n)]
@@ -54,8 +55,6 @@ def plans(n: int, is_rms: bool) -> list[tuple[str, object]]:
     for w in WARPS.get(block, (8,)):
         for p in PROGRAMS_PER_SM:
             out.append(norms.BwdPlan(True, block, True, w, p))
-            if not is_rms and p <= 2:
-                out.append(norms.BwdPlan(True, block, True, w, p, db_apart=True))
     return [("two-stage" if i == 0 else plan.name, plan) for i, plan in enumerate(out)]
 
 
@@ -124,7 +123,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
               else LF.liger_layer_norm(leaves[0], leaves[1], leaves[2], 1e-6))
         rec["liger_us"] = timer.device_time(grad_of(yl, leaves))
     rec["plans"] = {}
-    for name, plan in plans(n, is_rms):
+    for name, plan in plans(n):
         try:
             got = ours(plan)
             err = max(rel_err(got[0], ref[0]), rel_err(got[1], ref[1]))

@@ -305,8 +305,7 @@ def test_norms_backward_wide(k, dtype, shape):
 # ---- backward plans (norms.BWD_TUNED): every kind at every tuned width, against float64 ------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1000, 4096, 5000, 16384, 32768])
-@pytest.mark.parametrize("kind", ["shipped", "fused p1", "fused p8", "fused p1 db-apart", "two-stage",
-                                  "two-stage single"])
+@pytest.mark.parametrize("kind", ["shipped", "fused p1", "fused p8", "two-stage", "two-stage single"])
 def test_norm_backward_plans(k, dtype, n, kind):
     norms = k["norms"]
     m = 37  # not a multiple of any strip: the last program's strip is short
@@ -326,8 +325,8 @@ def test_norm_backward_plans(k, dtype, n, kind):
             plan = norms.plan_named("two-stage" if kind == "two-stage" else f"two-stage single w{warps}", n)
             assert plan.single == (kind != "two-stage" or block <= norms.DX_SINGLE_MAX)
         else:
-            plan = norms.plan_named(kind.replace(" db", f" w{warps} db") if "db" in kind else f"{kind} w{warps}", n)
-            assert plan.fused and plan.db_apart == ("db-apart" in kind)
+            plan = norms.plan_named(f"{kind} w{warps}", n)
+            assert plan.fused
         bias = None if is_rms else b.cuda()
         xc, wc = x.cuda(), w.cuda()
         _, _, mean, rstd = norms.norm_forward(xc, None, wc, bias, 1e-5, is_rms, n)

@@ -257,8 +257,7 @@ class BwdPlan:
 
     ``fused``: one ``_norm_bwd`` kernel, ``min(rows, programs_per_sm * SMs)`` programs, each a strip
     of rows (the row of ``block`` elements in registers) with its dw/db partial sums, then one
-    ``sum(0)``; with ``db_apart`` the kernel keeps no db accumulator (one row-wide float32 vector fewer
-    in registers) and the bias gradient is torch's float32 column sum of dy. Else the two-stage path:
+    ``sum(0)``. Else the two-stage path:
     ``_norm_bwd_dx`` (the row in registers when ``single``, else looped in tiles of ``block``) and the
     column-tiled ``_norm_bwd_dwdb``. ``warps``: the first kernel's. :attr:`name` is the plan's name in
     :data:`BWD_TUNED` and the tuner's tables; :func:`plan_named` reads it back."""
@@ -268,19 +267,18 @@ class BwdPlan:
     single: bool
     warps: int
     programs_per_sm: int = 4
-    db_apart: bool = False
 
     @property
     def name(self) -> str:
         if self.fused:
-            return f"fused p{self.programs_per_sm} w{self.warps}" + (" db-apart" if self.db_apart else "")
+            return f"fused p{self.programs_per_sm} w{self.warps}"
         return f"two-stage single w{self.warps}" if self.single else f"two-stage looped w{self.warps}"
 
 
 def plan_named(name: str, n: int) -> BwdPlan:
     """The plan called ``name`` for rows of ``n`` elements: ``"two-stage"`` (:func:`two_stage_plan`),
-    ``"two-stage single wW"`` (the dx row in registers, W warps), ``"two-stage looped wW"``,
-    ``"fused pP wW"`` or ``"fused pP wW db-apart"`` (:class:`BwdPlan`). Raises ValueError for another name."""
+    ``"two-stage single wW"`` (the dx row in registers, W warps), ``"two-stage looped wW"`` or
+    ``"fused pP wW"`` (:class:`BwdPlan`). Raises ValueError for another name."""
     words = name.split()
     block = next_power_of_2(n)
     try:
@@ -290,9 +288,8 @@ def plan_named(name: str, n: int) -> BwdPlan:
         if words[0] == "two-stage" and len(words) == 3 and words[1] in ("single", "looped") and words[2][0] == "w":
             single = words[1] == "single"
             return BwdPlan(False, block if single else DX_TILE, single, warps)
-        if (words[0] == "fused" and len(words) in (3, 4) and words[1][0] == "p" and words[2][0] == "w"
-                and words[3:] in ([], ["db-apart"])):
-            return BwdPlan(True, block, True, warps, int(words[1][1:]), len(words) == 4)
+        if words[0] == "fused" and len(words) == 3 and words[1][0] == "p" and words[2][0] == "w":
+            return BwdPlan(True, block, True, warps, int(words[1][1:]))
     except (IndexError, ValueError):
         pass
     raise ValueError(f"not a norm backward plan name: {name!r}")
@@ -431,19 +428,16 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
-        db_in_kernel = has_bias and not plan.db_apart
         new = torch.empty if rows else torch.zeros  # no rows: no program writes the partial sums
         dw_part = new((progs, n), dtype=torch.float32, device=dev) if has_w else None
-        db_part = new((progs, n), dtype=torch.float32, device=dev) if db_in_kernel else None
+        db_part = new((progs, n), dtype=torch.float32, device=dev) if has_bias else None
         if rows:
             args = (dy2, x2, w_, mean_, rstd, dh_, dx, rstd if dw_part is None else dw_part,
                     rstd if db_part is None else db_part, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0),
                     rows, n, per)
-            key = None if base is None else base + (db_in_kernel,) + args[9:13] + (int_class(rows), n, int_class(per))
-            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=db_in_kernel,
+            key = None if base is None else base + args[9:13] + (int_class(rows), n, int_class(per))
+            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                                                 HAS_DH=dh2 is not None, num_warps=plan.warps))
-        if has_bias and not db_in_kernel:  # the column sum of dy in float32, as the partial sums would add up
-            db32 = dy2.sum(0, dtype=torch.float32)
     else:
         args = (dy2, x2, w_, mean_, rstd, dh_, dx, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0), n)
         _BWD_DX((rows, 1, 1), None if base is None else base + args[7:], args,
@@ -461,9 +455,7 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                            num_warps=8))
     dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
-    if db_part is not None:
-        db32 = db_part.sum(0)
-    db = db32.to(weight.dtype if has_w else x.dtype) if has_bias else None
+    db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
     return (dx if x.dim() == 2 and x.shape[1] == n else dx.view(x.shape)), dw, db
 
 
