@@ -116,7 +116,6 @@ def main(argv=None) -> int:
     vs = variants(dev)
 
     def one(fwd, stamped, parts):
-        t0 = time.perf_counter()
         y = fwd(x)
         t1 = time.perf_counter()
         torch.autograd.grad(y, x, g)
@@ -125,15 +124,10 @@ def main(argv=None) -> int:
             parts["to_bwd"].append(_STAMP[0] - t1)
             parts["in_bwd"].append(_STAMP[1] - _STAMP[0])
             parts["after_bwd"].append(t2 - _STAMP[1])
-        parts["fwd_in_loop"].append(t1 - t0)
-
-    def fwd_only(fwd):
-        fwd(x)
 
     rows = []
     for threads in (True, False):
-        res = {name: {"fwd+grad": [], "fwd": [], "parts": {k: [] for k in ("to_bwd", "in_bwd", "after_bwd",
-                                                                                "fwd_in_loop")}}
+        res = {name: {"fwd+grad": [], "fwd": [], "parts": {k: [] for k in ("to_bwd", "in_bwd", "after_bwd")}}
                for name in vs}
         with torch.autograd.set_multithreading_enabled(threads):
             for name, (fwd, stamped) in vs.items():  # warm-up (compiles the hal kernels)
@@ -153,7 +147,7 @@ def main(argv=None) -> int:
                     sync()
                     t0 = time.perf_counter()
                     for _ in range(args.iters):
-                        fwd_only(fwd)
+                        fwd(x)
                     sync()
                     res[name]["fwd"].append((time.perf_counter() - t0) / args.iters * 1e6)
         for name, (_, stamped) in vs.items():
