@@ -54,7 +54,7 @@ fi
 
 if want bench; then
   step "overhead of --precision (cold, warm, warm with CPU shadows) and --profile on the script"
-  run 240 $PY benchmarks/bench_program_sections.py --device cuda --repeats 2 --out "$OUT/bench_program_sections_cuda.json"
+  run 330 $PY benchmarks/bench_program_sections.py --device cuda --repeats 2 --out "$OUT/bench_program_sections_cuda.json"
 fi
 
 # steady-state cost of the shadowed step in one process (warmed up; float64 on the device vs on the CPU; the
@@ -66,7 +66,7 @@ fi
 if want steady-gpt2; then
   step "steady-state shadowed step, gpt2-small shapes"
   run 200 $PY benchmarks/bench_precision.py --device cuda --config gpt2-small --batch-size 4 --seq-len 128 \
-      --repeats 2 --out "$OUT/bench_precision_cuda_gpt2small.json"
+      --repeats 3 --diagnose --out "$OUT/bench_precision_cuda_gpt2small.json"
 fi
 
 if want profile-repeats; then

@@ -341,7 +341,8 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                    f"{r.get('error') or ref_run.get('window_closed_by') or 'no module forward ran'}): "
                    "totals, gradients and parameters not compared; local (shadow) errors only")
     tgt = _run_program(request, workdir, "precision-target", run_device, steps, precision_role="target",
-                       precision_samples=samples, reference_missing=missing, precision_warm_steps=warm)
+                       precision_samples=samples, reference_missing=missing, precision_warm_steps=warm,
+                       precision_prime=bool(request.get("precision_prime")))
     pr = tgt.get("precision_run")
     if not pr or "rows" not in pr:
         run = tgt.get("run") or {}

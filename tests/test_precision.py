@@ -248,16 +248,18 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 def test_device_attention_kernels_have_a_float64_cpu_shadow():
     """CUDA-only SDPA kernels (flash/efficient) are shadowed by float64 math attention on the CPU;
     checked here against CPU attention with the same argument layout (no GPU needed)."""
-    from hal.conformance.precision.shadow import UpcastCache, _attention64
+    from hal.conformance.precision.shadow import Shadow
+    aten = torch.ops.aten
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 8, 4, generator=g) for _ in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
-    got = _attention64("_scaled_dot_product_flash_attention", (q, k, v, 0.0, True), {}, UpcastCache())
+    out = torch.empty(2, 3, 8, 4)  # stands for the device kernel's output (the kernel itself is never called)
+    _, got, how = Shadow().run(aten._scaled_dot_product_flash_attention.default, (q, k, v, 0.0, True), {}, out, 0)
     torch.testing.assert_close(got, want)
-    got = _attention64("_scaled_dot_product_efficient_attention", (q, k, v, None, False, 0.0, True), {},
-                       UpcastCache())
+    _, got, _ = Shadow().run(aten._scaled_dot_product_efficient_attention.default, (q, k, v, None, False, 0.0, True),
+                             {}, out, 0)
     torch.testing.assert_close(got, want)
-    assert got.dtype == torch.float64
+    assert got.dtype == torch.float64 and how == "full"
 
 
 def test_calibration_on_real_rows_grades_bfloat16_against_float32():

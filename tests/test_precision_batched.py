@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hal
-from hal.conformance.precision import metrics
+from hal.conformance.precision import metrics, shadow
 from hal.conformance.precision.metrics import StatsRequest, error_stats, error_stats_many
 from hal.conformance.precision.shadow import ENV_SHADOW_DEVICE, _HOMES, float64_home
 from hal.conformance.precision.tracer import StepTracer
@@ -146,6 +146,96 @@ def test_deferred_comparisons_keep_the_value_the_op_produced(how):
     assert tr.finalize_ms > 0
 
 
+class _MutatesAnInput(torch.nn.Module):
+    """An op's input that the program changes after the op ran: the float64 shadow, computed when the step
+    ends, must read the value the op read."""
+
+    def __init__(self, overwrite):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.overwrite = overwrite
+
+    def forward(self, x):
+        h = torch.tanh(x)
+        y = self.lin(h)
+        self.overwrite(h)  # the linear's input is overwritten before the step ends
+        return y.sum()
+
+
+@pytest.mark.parametrize("how", sorted(_OVERWRITES))
+def test_deferred_shadows_read_the_inputs_the_op_read(how):
+    m = _MutatesAnInput(_OVERWRITES[how])
+    tr = StepTracer(m, "target", record_module_outputs=False)
+    with torch.no_grad(), tr:
+        m(torch.randn(4, 16))
+    lin = [r for r in tr.records if r.op == "addmm"]
+    assert lin and lin[0].shadow_error is None and lin[0].local["max_abs"] < 1e-4, lin[0].local
+
+
+class _Tower(torch.nn.Module):
+    """Layers of one shape: their ops' float64 shadows are computed in batched calls."""
+
+    def __init__(self, layers: int = 4, width: int = 32):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, width), torch.nn.GELU())
+            for _ in range(layers))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return torch.softmax(x, -1).pow(2).sum()
+
+
+def _traced_tower(device: str = "cpu"):
+    torch.manual_seed(0)
+    m = _Tower().to(device)
+    tr = StepTracer(m, "target", record_module_outputs=False)
+    with tr:
+        m(torch.randn(8, 32, device=device)).backward()
+    return tr
+
+
+def _cuda_reason() -> str:
+    info = {i.name: i for i in hal.list_backends()}.get("cuda")
+    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+def test_batched_shadows_equal_the_op_by_op_shadows(monkeypatch, device):
+    batched = _traced_tower(device)
+    # four layers of one shape: each of their ops' shadows in one call for all four
+    assert batched.shadow.batched_calls > 0 and batched.shadow.batched_jobs >= 4 * batched.shadow.batched_calls
+    monkeypatch.setattr(shadow.Shadow, "_run_batched", lambda self, jobs: None)  # every job on its own
+    alone = _traced_tower(device)
+    assert alone.shadow.batched_calls == 0
+    assert [r.key for r in batched.records] == [r.key for r in alone.records]
+    for a, b in zip(batched.records, alone.records):
+        assert (a.local is None) == (b.local is None) and a.shadow_error == b.shadow_error, (a.key, a.shadow_error)
+        if a.local is not None:
+            assert a.local["max_abs"] == pytest.approx(b.local["max_abs"], rel=1e-6, abs=1e-12), a.key
+            assert a.local["exceeds"] == b.local["exceeds"]
+
+
+def test_planned_shadows_are_computed_early_past_their_memory_bound(monkeypatch):
+    """A step whose planned shadows keep more than ``defer_bytes`` of program memory alive computes them as
+    it goes: the same judgements, none of them batched across the bound."""
+    torch.manual_seed(0)
+    m = _Tower()
+    early = StepTracer(m, "target", record_module_outputs=False)
+    early.defer_bytes = 0
+    with early:
+        m(torch.randn(8, 32)).backward()
+    assert early.shadow.batched_calls == 0 and not early._jobs
+    at_end = _traced_tower()
+    assert [r.key for r in early.records] == [r.key for r in at_end.records]
+    for a, b in zip(early.records, at_end.records):
+        assert (a.local is None) == (b.local is None) and a.shadow_error == b.shadow_error
+        if a.local is not None:
+            assert a.local["max_abs"] == pytest.approx(b.local["max_abs"], rel=1e-6, abs=1e-12), a.key
+
+
 def test_outputs_nobody_writes_are_compared_in_place_not_copied():
     """Copy-on-write: a small output queued for the statistics is the program's own tensor until an op is
     about to write it; a step that writes nothing copies nothing."""
@@ -156,7 +246,7 @@ def test_outputs_nobody_writes_are_compared_in_place_not_copied():
     tr = StepTracer(m, "target", record_module_outputs=False)
     with torch.no_grad(), tr:
         m(torch.randn(4, 16))
-        queued = [q.target for _, which, q in tr._pending if which == "local"]
+        queued = [job.target for _, job in tr._jobs]  # the planned float64 shadows' compared outputs
         assert len(queued) == 2 and tr._held
         assert {t.untyped_storage().data_ptr() for t in queued} == {o.untyped_storage().data_ptr() for o in outs}
     assert not tr._held  # finalize let go of them
@@ -171,11 +261,6 @@ def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monk
     from hal.backends.mlu import MluBackend
     # an MLU computes float64 as float32 (torch_mlu): its float64 shadow would be no reference
     assert "float64" not in MluBackend().native_dtypes((5, 0))
-
-
-def _cuda_reason() -> str:
-    info = {i.name: i for i in hal.list_backends()}.get("cuda")
-    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
 
 
 @pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")

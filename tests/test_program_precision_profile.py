@@ -179,13 +179,17 @@ def test_a_float_fill_without_a_dtype_runs_in_the_float64_reference(tmp_path):
     assert "ended early" in r.stdout
 
 
-def test_a_warmed_up_window_compares_a_later_step(tmp_path):
+@pytest.mark.parametrize("prime", [False, True])
+def test_a_warmed_up_window_compares_a_later_step(tmp_path, prime):
     """``precision_warm_steps`` (the overhead benchmark's warmed-up window): both runs let that many
-    optimizer steps pass before the compared window opens, and the comparison is still complete."""
+    optimizer steps pass before the compared window opens, and the comparison is still complete; with
+    ``precision_prime`` (its steady-state window) the target shadows the warm-up step too, and nothing of
+    it reaches the comparison."""
     s = wa.program_sections({"target": str(NAIVE), "kind": "script", "device": "cpu", "args": ["--stable"],
                              "steps": 3, "precision": True, "profile": False, "out": str(tmp_path), "timeout": 300,
-                             "precision_warm_steps": 1}, [])
+                             "precision_warm_steps": 1, "precision_prime": prime}, [])
     p = s["precision"]
+    assert p["target"]["timing"]["primed_steps"] == int(prime)
     assert p["verdict"] == "pass", p.get("error") or p.get("first_divergence")
     assert p["target"]["compared_window"] == "optimizer step 2 (the first 1 not compared)"
     assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4

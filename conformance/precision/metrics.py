@@ -163,15 +163,36 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
             out[i] = {"n": 0, "max_abs": 0.0, "max_rel": 0.0, "mean_rel": 0.0, "rms_rel": 0.0, "cosine": 1.0,
                       "mismatch_frac": 0.0, "nan_inf_mismatch": 0, "exceeds": False, "rule": q.rule}
             continue
-        # rows of similar length share a matrix (padding at most doubles a row, or pads it to 1024), and
-        # of one dtype and device on each side, so each side is padded where it is and moved once
-        key = (max(10, (n - 1).bit_length()), q.target.dtype, q.target.device, q.ref.dtype, q.ref.device)
+        # rows of one dtype and device on each side share a matrix (each side is laid out where it is and
+        # moved once); on the CPU also of similar length (padding at most doubles a row, or pads it to 1024:
+        # temporaries that stay in the cache), on a device any length (its passes cost launches, not elements)
+        bits = max(10, (n - 1).bit_length()) if dev.type == "cpu" else 0
+        key = (bits, q.target.dtype, q.target.device, q.ref.dtype, q.ref.device)
         buckets.setdefault(key, []).append(i)
-    for (bits, *_), idx in buckets.items():
-        rows = max(1, limit >> bits)
-        for k in range(0, len(idx), rows):
-            _stats_rows(requests, idx[k:k + rows], dev, out)
+    for idx in buckets.values():
+        start, longest = 0, 0
+        for k, i in enumerate(idx):
+            n = requests[i].target.numel()
+            if k > start and max(longest, n) * (k + 1 - start) > limit:
+                _stats_rows(requests, idx[start:k], dev, out)
+                start, longest = k, 0
+            longest = max(longest, n)
+        _stats_rows(requests, idx[start:], dev, out)
     return out  # type: ignore[return-value]
+
+
+def _padded(xs: List[torch.Tensor], lens: List[int]) -> torch.Tensor:
+    """``xs`` (one dtype and device) flattened as the rows of a ``[len(xs), max(lens)]`` matrix, zero-padded:
+    one concatenation and one masked scatter where they are, whatever their number (``pad_sequence`` copies
+    each row on its own: a launch per row on a device)."""
+    flat = [x.detach().reshape(-1) for x in xs]
+    cat = flat[0] if len(flat) == 1 else torch.cat(flat)
+    longest = max(lens)
+    if all(n == longest for n in lens):
+        return cat.view(len(lens), longest)
+    lengths = torch.tensor(lens, device=cat.device).unsqueeze(1)
+    mask = torch.arange(longest, device=cat.device) < lengths
+    return cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat)
 
 
 def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.device,
@@ -179,15 +200,13 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     """Statistics of the requests ``idx`` (one dtype and device per side), zero-padded into one
     ``[rows, longest]`` matrix (padding is finite and error-free, so it adds nothing to any sum or
     maximum; it is taken off the counts)."""
-    from torch.nn.utils.rnn import pad_sequence
-
     from .thresholds import MISMATCH_FRACTION, MODULE_COSINE_MIN
 
     f64 = torch.float64
     qs = [requests[i] for i in idx]
     lens = [q.target.numel() for q in qs]
-    t = to_home(pad_sequence([q.target.detach().reshape(-1) for q in qs], batch_first=True), dev, f64)
-    r = to_home(pad_sequence([q.ref.detach().reshape(-1) for q in qs], batch_first=True), dev, f64)
+    t = to_home(_padded([q.target for q in qs], lens), dev, f64)
+    r = to_home(_padded([q.ref for q in qs], lens), dev, f64)
     pad = torch.tensor([t.shape[1] - n for n in lens], dtype=f64, device=dev)
 
     def col(values: List[Any], dtype: torch.dtype = f64) -> torch.Tensor:

@@ -26,7 +26,9 @@ forwards before it included —, or to the next grad-enabled top-level forward a
 step the program or its GradScaler skipped), or, in a program that built no optimizer and ran no
 backward, to the end of the first top-level forward. With ``precision_warm_steps`` = N > 0 (the
 overhead benchmark's warmed-up window) both runs let N optimizer steps pass first and open it at the
-next top-level forward. Losses (the tensor handed to ``backward``, or
+next top-level forward; with ``precision_prime`` the target also shadows those N steps (every comparison
+computed, then thrown away), so the window is a steady-state shadowed step: float64 kernels loaded,
+batched calls traced, caches warm. Losses (the tensor handed to ``backward``, or
 the loss ``GradScaler.scale`` was given) are recorded over the whole bounded run for drift.
 
 Everything that could not be compared is listed in ``not_compared`` with the reason (never skipped
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 import random
+import types
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -124,13 +127,16 @@ class _SampledShadow(Shadow):
     positions before they are compared: the statistics then cost the same for every op (on a
     small program the comparison of whole 100k-element outputs cost more than the float64 ops)."""
 
-    def run(self, func, args, kwargs, out, out_index):
-        tv, sv, how = super().run(func, args, kwargs, out, out_index)
-        if how == "full" and tv.numel() > self.max_elements and tuple(tv.shape) == tuple(sv.shape):
-            tv = tv.detach()[sample_index_on(tv.shape, self.max_elements, tv.device)]
-            sv = sv[sample_index_on(sv.shape, self.max_elements, sv.device)]
-            how = f"elements {self.max_elements}/{out.numel()} (shadowed whole, compared on a sample)"
-        return tv, sv, how
+    def finish(self, jobs, targets, refs):
+        shape = tuple(targets.shape[1:])
+        n = targets[0].numel()
+        if jobs[0].how == "full" and n > self.max_elements and shape == tuple(refs.shape[1:]):
+            every = (slice(None),)
+            targets = targets.detach()[every + sample_index_on(shape, self.max_elements, targets.device)]
+            refs = refs[every + sample_index_on(shape, self.max_elements, refs.device)]
+            for j in jobs:
+                j.how = f"elements {self.max_elements}/{n} (shadowed whole, compared on a sample)"
+        return targets, refs
 
 
 class _ProgramTracer(StepTracer):
@@ -148,8 +154,6 @@ class _ProgramTracer(StepTracer):
         return super(StepTracer, self).__enter__()
 
     def __exit__(self, *exc):
-        if self.shadow is not None:
-            self.shadow.cache.clear()
         try:
             return super(StepTracer, self).__exit__(*exc)
         finally:
@@ -227,6 +231,9 @@ class ProgramPrecision:
         self.limiter = limiter
         self.role = spec["precision_role"]
         self.warm_steps = int(spec.get("precision_warm_steps") or 0)
+        self.prime = bool(spec.get("precision_prime")) and self.role == "target"
+        self._primer: Optional[_ProgramTracer] = None  # shadows a warm-up step, results thrown away
+        self.primed_steps = 0
         self.samples_path = spec.get("precision_samples")
         self.modules = modules
         self.truncated = False
@@ -362,6 +369,7 @@ class ProgramPrecision:
         setattr(owner, name, value)
 
     def remove(self) -> None:
+        self._end_primer()
         self._close("the program ended")
         for h in self._handles:
             h.remove()
@@ -454,9 +462,21 @@ class ProgramPrecision:
                 self._convert(module)
         if self.window == "not started":
             if self.optimizer_steps >= self.warm_steps:
+                self._end_primer()
                 self._open()
             elif self.role == "reference":
                 self._start_tracer(recording=False)  # the float64 run needs its mode from the first forward on
+            elif self.prime and self._primer is None:
+                # its own bookkeeping owner: a primer that reaches the record cap must not cut the real window
+                scratch = types.SimpleNamespace(truncated=False, sample_bytes=0)
+                self._primer = _ProgramTracer(scratch, "target", shadow=True, max_elements=SCRIPT_MAX_ELEMENTS)
+                self._primer.__enter__()
+
+    def _end_primer(self) -> None:
+        if self._primer is not None:
+            primer, self._primer = self._primer, None
+            primer.__exit__(None, None, None)  # computes and judges its shadows, which nobody reads
+            self.primed_steps += 1
 
     def _convert(self, module: torch.nn.Module) -> None:
         with self._internal():
@@ -511,6 +531,7 @@ class ProgramPrecision:
 
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
         self.optimizers.add(opt)
+        self._end_primer()
         if self.window == "open":
             with self._internal():
                 for name, p in self._named(opt):
@@ -560,12 +581,18 @@ class ProgramPrecision:
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
                                "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,
-                                          "statistics_ms": self.tracer.finalize_ms if self.tracer else None,
+                                          "statistics_ms": self.tracer.finalize_ms - self.tracer.shadow_ms
+                                          if self.tracer else None,
+                                          "shadows_ms": self.tracer.shadow_ms if self.tracer else None,
                                           "shadow_device": self._shadow_device(),
+                                          "primed_steps": self.primed_steps,
                                           "what": "window_ms: first top-level forward to the window's close "
-                                                  "(shadowed and compared, the batched statistics included: "
-                                                  "statistics_ms of it); after_window_step_ms: each later "
-                                                  "optimizer step to the next (the same run, no shadow)"}}
+                                                  "(shadowed and compared: the float64 shadows, planned as the "
+                                                  "ops ran and computed in batched calls, shadows_ms of it, and "
+                                                  "the batched statistics, statistics_ms of it); "
+                                                  "after_window_step_ms: each later optimizer step to the next "
+                                                  "(the same run, no shadow); primed_steps: warm-up steps "
+                                                  "shadowed before the window, results thrown away"}}
         if self.role == "reference":
             out["ops_recorded"] = len(self.tracer.samples) if self.tracer is not None else 0
             return {"precision_run": out}

@@ -24,10 +24,12 @@ tracer.
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import functools
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -105,19 +107,6 @@ class UpcastCache:
         self._bytes = 0
 
 
-def _float64_args(x: Any, cache: UpcastCache, home: torch.device) -> Any:
-    """One argument of the float64 shadow running on ``home``."""
-    if isinstance(x, torch.Tensor):
-        if x.is_floating_point():
-            return cache.get(x)
-        return to_home(x, home)
-    if isinstance(x, torch.dtype) and x.is_floating_point:
-        return _F64
-    if isinstance(x, torch.device):
-        return home
-    return x
-
-
 def _span(n: int, m: int) -> slice:
     """A fixed run of ``min(n, m)`` of ``n`` consecutive positions: a function of ``n`` and ``m`` only, so an op
     of one shape is always compared at the same place."""
@@ -178,25 +167,97 @@ _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product
                      "_scaled_dot_product_cudnn_attention"}
 
 
-def _attention64(name, args, kwargs, cache) -> torch.Tensor:
-    """float64 attention (on the inputs' float64 home) for a device-only SDPA kernel (output 0), math path."""
+def _attention_call(name, args, kwargs) -> Tuple[Any, tuple, dict]:
+    """``(fn, args, kwargs)`` of the float64 math-path attention standing for a device-only SDPA kernel
+    (output 0): ``fn`` is ``F.scaled_dot_product_attention``."""
     import torch.nn.functional as F
 
-    q, k, v = (cache.get(t) for t in args[:3])
     mask, causal = None, False
     if name == "_scaled_dot_product_flash_attention":
         causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
     else:  # efficient / cudnn: (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...)
         bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
-        mask = cache.get(bias) if isinstance(bias, torch.Tensor) else None
+        mask = bias if isinstance(bias, torch.Tensor) else None
         causal = bool(args[6]) if len(args) > 6 else bool(kwargs.get("is_causal", False))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                          scale=kwargs.get("scale"))
+    return (F.scaled_dot_product_attention, tuple(args[:3]),
+            {"attn_mask": mask, "is_causal": causal, "scale": kwargs.get("scale")})
+
+
+class _Slot:
+    """Where input ``k`` of a :class:`ShadowJob` goes in its argument template."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __eq__(self, other):
+        return isinstance(other, _Slot) and other.k == self.k
+
+    def __hash__(self):
+        return hash(("slot", self.k))
+
+
+def _frozen(o: Any) -> Any:
+    """A hashable stand-in for an argument template (lists become tagged tuples)."""
+    if isinstance(o, (tuple, list)):
+        return (type(o).__name__,) + tuple(_frozen(x) for x in o)
+    if isinstance(o, dict):
+        return ("dict",) + tuple((k, _frozen(v)) for k, v in o.items())
+    return o
+
+
+@dataclasses.dataclass(eq=False)
+class ShadowJob:
+    """One op's float64 shadow, planned while the step runs (:meth:`Shadow.plan`: nothing computed, the
+    inputs are the program's tensors or views of them) and computed later (:meth:`Shadow.flush`), batched
+    with the jobs of the same op, argument shapes and constants: all layers' copies of an op become one
+    float64 call. Whoever holds a job keeps ``inputs`` and ``target`` unchanged until it is flushed (the
+    tracer copies one when the program is about to write it); after the flush ``ref`` (or ``error``) is
+    set and ``inputs`` is emptied."""
+
+    fn: Any  #: called on the float64 arguments (an aten overload, or F.scaled_dot_product_attention)
+    args: tuple  #: argument template: each input tensor replaced by its :class:`_Slot`
+    kwargs: dict
+    inputs: List[torch.Tensor]  #: in slot order
+    upcast: Tuple[bool, ...]  #: per input: floating (made float64) or not (moved as it is)
+    home: torch.device  #: where the float64 call runs (:func:`float64_home`)
+    out_index: int  #: which output of ``fn`` is compared (when it returns several)
+    target: torch.Tensor  #: the target values compared with ``ref``
+    how: str  #: the sampling, for the report
+    key: Optional[tuple]  #: jobs of one key run as one batched call; None: on its own
+    ref: Optional[torch.Tensor] = None
+    error: Optional[str] = None
+
+
+#: ops whose batched (vmap) float64 call failed once: their jobs run one by one from then on
+_UNBATCHABLE: set = set()
+#: bytes of float64 inputs one batched call stacks at most (a larger group is split)
+BATCH_BYTES = 1 << 28
+
+
+@contextlib.contextmanager
+def _quiet_vmap_fallback():
+    """vmap runs an op without a batching rule as a loop in C++ (still one call for the group), and says so
+    on stderr every time: not while shadows run (restored to torch's default, on, afterwards)."""
+    toggle = getattr(torch._C._functorch, "_set_vmap_fallback_warning_enabled", None)
+    if toggle is not None:
+        toggle(False)
+    try:
+        yield
+    finally:
+        if toggle is not None:
+            toggle(True)
+
+
+def _fill(o: Any, xs: List[torch.Tensor]) -> Any:
+    return map_leaves(lambda x: xs[x.k] if isinstance(x, _Slot) else x, o)
 
 
 class Shadow:
-    """Runs float64 shadows of aten ops on :func:`float64_home` of the op's output device; returns
-    (target values, shadow values, sampled)."""
+    """Plans and runs float64 shadows of aten ops on :func:`float64_home` of the op's output device.
+    :meth:`plan` picks what to compare (sampled variants read views) and :meth:`flush` computes many
+    planned jobs at once; :meth:`run` does both for one op."""
 
     def __init__(self, max_elements: int = DEFAULT_MAX_ELEMENTS, cache_bytes: int = 1 << 30,
                  sample: bool = True):
@@ -205,21 +266,33 @@ class Shadow:
         self.cache = UpcastCache(cache_bytes)
         #: the devices shadows ran on (``"cpu"``, ``"cuda:0"`` ...), for the report
         self.homes: set = set()
+        #: jobs computed in batched calls, and the calls (for the report and the benchmarks)
+        self.batched_jobs = 0
+        self.batched_calls = 0
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
             ) -> Tuple[torch.Tensor, torch.Tensor, str]:
-        """Shadow of output ``out_index`` of ``func(*args, **kwargs)``.
+        """Shadow of output ``out_index`` of ``func(*args, **kwargs)``, now.
 
         Returns (target values, float64 shadow values, sampling description). Raises whatever
-        the op raises in float64 (the caller records it as an unshadowed op).
+        the op raises in float64, or :class:`UnshadowedError`.
         """
+        job = self.plan(func, args, kwargs, out, out_index)
+        self._run_one(job, raise_errors=True)
+        self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
+        return job.target, job.ref, job.how
+
+    def plan(self, func, args, kwargs, out: torch.Tensor, out_index: int) -> ShadowJob:
+        """The :class:`ShadowJob` of output ``out_index`` of ``func(*args, **kwargs)`` (nothing runs).
+        Raises :class:`UnshadowedError` when the output is too large and has no sampled variant."""
         name = func.overloadpacket.__name__
         home = float64_home(out.device)
         self.homes.add(str(home))
         if name in _DEVICE_ATTENTION:
             if out_index != 0:
                 raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
-            return out, _attention64(name, args, kwargs, self.cache), "full"
+            fn, a, k = _attention_call(name, args, kwargs)
+            return self._job(fn, a, k, home, 0, out, "full", batch=False)
         big = self.sample and out.numel() > self.max_elements
         if big and out_index == 0:
             fast = self._sampled(func, name, args, kwargs, out, home)
@@ -228,11 +301,96 @@ class Shadow:
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        a64 = map_leaves(lambda x: _float64_args(x, self.cache, home), args)
-        k64 = map_leaves(lambda x: _float64_args(x, self.cache, home), kwargs)
-        res = func(*a64, **k64)
-        ref = res[out_index] if isinstance(res, (tuple, list)) else res
-        return out, ref, "full"
+        return self._job(func, args, kwargs, home, out_index, out, "full")
+
+    def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
+        inputs: List[torch.Tensor] = []
+
+        def slot(x):
+            if isinstance(x, torch.Tensor):
+                inputs.append(x)
+                return _Slot(len(inputs) - 1)
+            if isinstance(x, torch.dtype) and x.is_floating_point:
+                return _F64
+            if isinstance(x, torch.device):
+                return home
+            return x
+        a, k = map_leaves(slot, args), map_leaves(slot, kwargs)
+        upcast = tuple(x.is_floating_point() for x in inputs)
+        key = None
+        if batch and inputs:
+            try:
+                key = (fn, out_index, home, _frozen(a), _frozen(k), upcast,
+                       tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
+                hash(key)
+            except TypeError:  # an unhashable constant: on its own
+                key = None
+        return ShadowJob(fn, a, k, inputs, upcast, home, out_index, target, how, key)
+
+    def finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What is compared of ``jobs`` (computed, of one key), given their target and reference values
+        stacked (``[len(jobs), ...]``): here all of it; a subclass may cut both (and say so in ``how``)."""
+        return targets, refs
+
+    def _finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor) -> None:
+        targets, refs = self.finish(jobs, targets, refs)
+        for g, j in enumerate(jobs):
+            j.target, j.ref = targets[g], refs[g]
+
+    # -- computing planned jobs -------------------------------------------------------------------
+    def flush(self, jobs: List[ShadowJob]) -> None:
+        """Compute every job (``ref``, or ``error`` saying why not): jobs of one key in one batched float64
+        call (``torch.vmap`` of the op over the stacked inputs; an op whose batched call fails once runs
+        job by job from then on), the rest one by one; then :meth:`finish` each. Never raises for a job's
+        sake. Releases the jobs' inputs."""
+        groups: Dict[Any, List[ShadowJob]] = {}
+        for j in jobs:
+            batchable = j.key is not None and j.key[0] not in _UNBATCHABLE
+            groups.setdefault(j.key if batchable else id(j), []).append(j)
+        for js in groups.values():
+            per = max(1, BATCH_BYTES // max(1, 8 * sum(x.numel() for x in js[0].inputs)))
+            for s in range(0, len(js), per):
+                part = js[s:s + per]
+                refs = self._run_batched(part) if len(part) > 1 else None
+                if refs is not None:
+                    self._finish(part, torch.stack([j.target for j in part]), refs)
+                    continue
+                for j in part:
+                    self._run_one(j)
+                    if j.ref is not None:
+                        self._finish([j], j.target.unsqueeze(0), j.ref.unsqueeze(0))
+        for j in jobs:
+            j.inputs = []
+
+    def _run_one(self, job: ShadowJob, raise_errors: bool = False) -> None:
+        xs = [self.cache.get(x) if up else to_home(x, job.home) for x, up in zip(job.inputs, job.upcast)]
+        try:
+            res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
+            job.ref = res[job.out_index] if isinstance(res, (tuple, list)) else res
+        except Exception as exc:
+            if raise_errors:
+                raise
+            job.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+    def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
+        """One vmap call for ``jobs`` (one key): their references stacked, or None when it fails."""
+        j0 = jobs[0]
+        try:
+            stacked = [to_home(torch.stack([j.inputs[k] for j in jobs]), j0.home, _F64 if up else None)
+                       for k, up in enumerate(j0.upcast)]
+
+            def one(*xs):
+                res = j0.fn(*_fill(j0.args, list(xs)), **_fill(j0.kwargs, list(xs)))
+                return res[j0.out_index] if isinstance(res, (tuple, list)) else res
+            with _quiet_vmap_fallback():
+                res = torch.vmap(one)(*stacked)
+        except Exception:
+            _UNBATCHABLE.add(j0.key[0])
+            return None
+        self.batched_jobs += len(jobs)
+        self.batched_calls += 1
+        return res
 
     # -- sampled variants: views of the inputs and of the output, so only the float64 copies cost a kernel --
     def _sampled_rows(self, out: torch.Tensor) -> Optional[Tuple[slice, int, int]]:
@@ -244,57 +402,49 @@ class Shadow:
             return None
         return _span(n_rows, self.max_elements // max(1, last)), n_rows, last
 
-    def _sampled(self, func, name, args, kwargs, out, home):
-        c = self.cache
+    def _sampled(self, func, name, args, kwargs, out, home) -> Optional[ShadowJob]:
+        aten = torch.ops.aten
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
             rs, cs = _grid(out.shape[0], out.shape[1], self.max_elements)
-            a64, b64 = to_home(a[rs], home, _F64), to_home(b[:, cs], home, _F64)
+            how = f"grid {rs.stop - rs.start}x{cs.stop - cs.start}/{out.shape[0]}x{out.shape[1]}"
             if name == "addmm":
                 bias = args[0]
                 if bias.dim() == 2 and bias.shape[0] == out.shape[0]:
                     bias = bias[rs]
                 if bias.dim() >= 1 and bias.shape[-1] == out.shape[1]:
                     bias = bias[..., cs]
-                prod = torch.addmm(to_home(bias, home, _F64), a64, b64, beta=kwargs.get("beta", 1),
-                                   alpha=kwargs.get("alpha", 1))
-            else:
-                prod = a64 @ b64
-            return out[rs, cs], prod, f"grid {prod.shape[0]}x{prod.shape[1]}/{out.shape[0]}x{out.shape[1]}"
+                return self._job(aten.addmm.default, (bias, a[rs], b[:, cs]),
+                                 {"beta": kwargs.get("beta", 1), "alpha": kwargs.get("alpha", 1)},
+                                 home, 0, out[rs, cs], how)
+            return self._job(aten.mm.default, (a[rs], b[:, cs]), {}, home, 0, out[rs, cs], how)
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
             rs, cs = _grid(out.shape[1], out.shape[2], max(1, self.max_elements // out.shape[0]))
-            prod = to_home(a[:, rs], home, _F64) @ to_home(b[:, :, cs], home, _F64)
-            return out[:, rs, cs], prod, f"grid {prod.shape[1]}x{prod.shape[2]}/{out.shape[1]}x{out.shape[2]}"
+            how = f"grid {rs.stop - rs.start}x{cs.stop - cs.start}/{out.shape[1]}x{out.shape[2]}"
+            return self._job(aten.bmm.default, (a[:, rs], b[:, :, cs]), {}, home, 0, out[:, rs, cs], how)
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
-            g, o = args[0], args[1]
             sel = self._sampled_rows(out)
             if sel is None:
                 return None
             rs, n_rows, last = sel
-            ref = func(to_home(g.reshape(n_rows, last)[rs], home, _F64), to_home(o.reshape(n_rows, last)[rs], home, _F64),
-                       -1, _F64)
-            return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
+            g, o = args[0].reshape(n_rows, last)[rs], args[1].reshape(n_rows, last)[rs]
+            return self._job(func, (g, o, -1, _F64), {}, home, 0, out.reshape(n_rows, last)[rs],
+                             f"rows {rs.stop - rs.start}/{n_rows}")
         if name in ("_softmax", "_log_softmax") and args[1] in (-1, out.dim() - 1):
             sel = self._sampled_rows(out)
             if sel is None:
                 return None
             rs, n_rows, last = sel
-            ref = func(to_home(args[0].reshape(n_rows, last)[rs], home, _F64), -1, False)
-            return out.reshape(n_rows, last)[rs], ref, f"rows {ref.shape[0]}/{n_rows}"
+            return self._job(func, (args[0].reshape(n_rows, last)[rs], -1, False), {}, home, 0,
+                             out.reshape(n_rows, last)[rs], f"rows {rs.stop - rs.start}/{n_rows}")
         if torch.Tag.pointwise in func.tags and not kwargs:
             shape = tuple(out.shape)
             if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
             block = _block(shape, self.max_elements)
-
-            def pick(x):
-                if isinstance(x, torch.Tensor) and x.dim():
-                    return to_home(_block_of(x, shape, block), home, _F64 if x.is_floating_point() else None)
-                return _float64_args(x, c, home)
-
-            ref = func(*[pick(a) for a in args])
+            picked = [_block_of(a, shape, block) if isinstance(a, torch.Tensor) and a.dim() else a for a in args]
             tv = _block_of(out, shape, block)
-            return tv, ref, f"block {tv.numel()}/{out.numel()}"
+            return self._job(func, tuple(picked), {}, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
         return None

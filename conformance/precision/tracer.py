@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import thresholds as th
 from .argtree import leaves, map_leaves
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
-from .shadow import Shadow, float64_home
+from .shadow import Shadow, ShadowJob, float64_home
 
 _SKIP = {
     "detach", "copy_", "_to_copy_", "empty", "empty_like", "empty_strided", "new_empty",
@@ -114,6 +114,15 @@ class OpRecord:
         return (self.phase, self.module, self.op, self.occurrence, self.out_index)
 
 
+def _copy_held(holder: Any, slot: Any) -> None:
+    """Replace the tensor in ``holder``'s ``slot`` (attribute name or list index) by a copy of it (a list
+    emptied since, by a flushed job, has nothing left to copy)."""
+    if isinstance(slot, str):
+        setattr(holder, slot, getattr(holder, slot).clone())
+    elif slot < len(holder):
+        holder[slot] = holder[slot].clone()
+
+
 def _seq_probe() -> int:
     """The sequence number the next autograd node made on this thread will get: nodes made from here on
     have this number or more. Read from the counter where torch exposes it, else from a throwaway node."""
@@ -187,11 +196,23 @@ class StepTracer(TorchDispatchMode):
         self.compute_dtype = compute_dtype
         #: comparisons queued by the step, judged by :meth:`finalize`: (record, "local" | "total", request)
         self._pending: List[Tuple[OpRecord, str, StatsRequest]] = []
-        #: queued requests whose target values are still the program's own memory, by (storage, device):
-        #: copied only when an op is about to write that storage (:meth:`_guard_writes`), not every time
-        self._held: Dict[tuple, List[StatsRequest]] = {}
-        #: milliseconds :meth:`finalize` has taken, all calls together (the deferred statistics)
+        #: float64 shadows planned by the step, computed (batched) by :meth:`finalize` or when they hold too
+        #: much memory (:attr:`defer_bytes`): (record, job)
+        self._jobs: List[Tuple[OpRecord, ShadowJob]] = []
+        #: the storages the planned jobs keep alive, and their bytes
+        self._job_storages: Dict[tuple, int] = {}
+        self._job_bytes = 0
+        #: bytes of program storages the planned shadows may keep alive before they are computed early
+        self.defer_bytes = cache_bytes
+        #: queued values that are still the program's own memory, by (storage, device): ``(holder, slot)``
+        #: (a request's ``"target"``, a job's ``"target"`` or input ``k`` of a job's inputs); copied only
+        #: when an op is about to write that storage (:meth:`_guard_writes`), not every time
+        self._held: Dict[tuple, List[Tuple[Any, Any]]] = {}
+        #: milliseconds :meth:`finalize` has taken, all calls together (the deferred shadows and statistics)
         self.finalize_ms = 0.0
+        #: milliseconds the planned float64 shadows took to compute, all flushes together (at the step's end
+        #: part of :attr:`finalize_ms`, earlier ones not)
+        self.shadow_ms = 0.0
 
     # -- module hooks ---------------------------------------------------------------------
     def __enter__(self):
@@ -205,24 +226,59 @@ class StepTracer(TorchDispatchMode):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self.shadow is not None:
-            self.shadow.cache.clear()
         try:
             return super().__exit__(*exc)
         finally:
             self.finalize()
 
-    def finalize(self) -> None:
-        """Judge every comparison queued since the last call, filling ``local``/``total`` of the
-        records (called on exit; records read before it have neither). One batched pass where the
-        queued values are (their device when all are on one float64-capable device, else the CPU);
-        a comparison that cannot be computed leaves its metric None (local: ``shadow_error`` says why)."""
-        if not self._pending:
+    def _flush_jobs(self) -> None:
+        """Compute every planned shadow now (batched, :meth:`Shadow.flush`) and queue its comparison."""
+        jobs, self._jobs = self._jobs, []
+        self._job_storages.clear()
+        self._job_bytes = 0
+        if not jobs:
             return
         import time
         t0 = time.perf_counter()
-        pending, self._pending = self._pending, []
+        prev = self._internal
+        self._internal = True  # the shadows' own ops are not the program's
+        try:
+            with torch.no_grad():
+                self.shadow.flush([j for _, j in jobs])
+        finally:
+            self._internal = prev
+            self.shadow_ms += (time.perf_counter() - t0) * 1e3
+        for rec, job in jobs:
+            if job.error is not None:
+                rec.shadow_error = job.error
+                continue
+            if job.target.numel() != job.ref.numel():
+                rec.shadow_error = (f"ValueError: the float64 shadow has {job.ref.numel()} elements, "
+                                    f"the output {job.target.numel()}")
+                continue
+            rec.sampling = job.how
+            thr = rec.threshold
+            q = StatsRequest(job.target, job.ref, job.target.dtype, thr["rtol_eff"], thr["atol"],
+                             thr["class"] == "reduction")
+            self._pending.append((rec, "local", q))
+            self._hold(q, "target")  # flushed early: the step goes on, and may write the output
+
+    def finalize(self) -> None:
+        """Compute the planned float64 shadows and judge every comparison queued since the last call,
+        filling ``local``/``total`` of the records (called on exit; records read before it have neither).
+        One batched pass where the queued values are (their device when all are on one float64-capable
+        device, else the CPU); a comparison that cannot be computed leaves its metric None (local:
+        ``shadow_error`` says why)."""
+        import time
+        t0 = time.perf_counter()
+        self._flush_jobs()
+        if self.shadow is not None:
+            self.shadow.cache.clear()
         self._held.clear()  # judged now: the program may write those tensors again
+        if not self._pending:
+            self.finalize_ms += (time.perf_counter() - t0) * 1e3
+            return
+        pending, self._pending = self._pending, []
         devices = {q.target.device for _, _, q in pending}
         dev = float64_home(devices.pop()) if len(devices) == 1 else torch.device("cpu")
         reqs = [q for _, _, q in pending]
@@ -291,15 +347,18 @@ class StepTracer(TorchDispatchMode):
         return "forward", (self._stack[-1] if self._stack else "<root>")
 
     # -- dispatch ---------------------------------------------------------------------------
-    def _hold(self, q: StatsRequest) -> None:
-        """Queue-side of copy-on-write: ``q.target`` is a view of a program tensor; it is copied only if
-        an op writes that storage before :meth:`finalize` (a tensor without a storage is copied now)."""
+    def _hold(self, holder: Any, slot: Any) -> Optional[tuple]:
+        """Queue-side of copy-on-write: ``holder``'s ``slot`` (an attribute name, or an index of a list) is
+        a program tensor or a view of one; it is copied only if an op writes that storage before it is used
+        (a tensor without a storage is copied now). Returns the storage's key (None: copied now)."""
+        t = getattr(holder, slot) if isinstance(slot, str) else holder[slot]
         try:
-            key = (q.target.untyped_storage().data_ptr(), q.target.device)
+            key = (t.untyped_storage().data_ptr(), t.device)
         except (RuntimeError, NotImplementedError):
-            q.target = q.target.clone()
-            return
-        self._held.setdefault(key, []).append(q)
+            _copy_held(holder, slot)
+            return None
+        self._held.setdefault(key, []).append((holder, slot))
+        return key
 
     def _guard_writes(self, writes, args, kwargs) -> None:
         """Before an op runs: copy the held values (:meth:`_hold`) of every storage it will write (``writes``,
@@ -313,8 +372,8 @@ class StepTracer(TorchDispatchMode):
                         held = self._held.pop((t.untyped_storage().data_ptr(), t.device), None)
                     except (RuntimeError, NotImplementedError):
                         continue
-                    for q in held or ():
-                        q.target = q.target.clone()
+                    for holder, slot in held or ():
+                        _copy_held(holder, slot)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -385,19 +444,24 @@ class StepTracer(TorchDispatchMode):
                 q = StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"], True, "aggregate")
                 self._pending.append((rec, "total", q))
                 if is_view:
-                    self._hold(q)
+                    self._hold(q, "target")
         if func is not None and self.do_shadow:
             try:
-                tv, sv, how = self.shadow.run(func, args, kwargs, t, out_index)
-                if tv.numel() != sv.numel():
-                    raise ValueError(f"the float64 shadow has {sv.numel()} elements, the output {tv.numel()}")
-                rec.sampling = how
-                q = StatsRequest(tv, sv, t.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
-                self._pending.append((rec, "local", q))
-                if tv.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-                    self._hold(q)  # the output itself: its values as they are now, copied if written
-            except Exception as exc:  # the float64 kernel may not exist; record why
+                job = self.shadow.plan(func, args, kwargs, t, out_index)
+            except Exception as exc:  # too large, and no sampled variant; record why
                 rec.shadow_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            else:
+                rec.sampling = job.how
+                self._jobs.append((rec, job))
+                # the output and the inputs as they are now: copied only if the program writes them first
+                self._hold(job, "target")
+                for k, x in enumerate(job.inputs):
+                    key = self._hold(job.inputs, k)
+                    if key is not None and key not in self._job_storages:
+                        self._job_storages[key] = x.untyped_storage().nbytes()
+                        self._job_bytes += self._job_storages[key]
+                if self._job_bytes > self.defer_bytes:
+                    self._flush_jobs()
         if func is not None:
             rec.inputs = tuple(prods)
             self._producer[id(t)] = (weakref.ref(t), len(self.records))
