@@ -106,15 +106,20 @@ def _diagnose(ours, plain, device: str, top: int = 25) -> dict:
         with profile(activities=activities) as p:
             fn()
         aten = [e for e in p.key_averages() if e.key.startswith("aten::")]
-        kernels = device_event_times(p.events()).values()  # kernels, memcpy, memset
+        by_name = device_event_times(p.events())  # kernels, memcpy, memset
+        kernels = by_name.values()
         counts[label] = {
             "aten_calls": sum(e.count for e in aten),
             "device_kernels": sum(r["count"] for r in kernels),
             "device_time_ms": sum(r["us"] for r in kernels) / 1e3,
             "top_aten": [{"op": e.key, "calls": e.count} for e in sorted(aten, key=lambda e: -e.count)[:15]],
+            "top_kernels": [{"kernel": k[:120], "calls": r["count"], "device_ms": r["us"] / 1e3}
+                            for k, r in sorted(by_name.items(), key=lambda kv: -kv[1]["us"])[:12]],
         }
         print(f"{label}: {counts[label]['aten_calls']} aten calls, {counts[label]['device_kernels']} device kernels, "
-              f"{counts[label]['device_time_ms']:.2f} ms device time")
+              f"{counts[label]['device_time_ms']:.2f} ms device time; top kernels:")
+        for r in counts[label]["top_kernels"]:
+            print(f"  {r['device_ms']:8.3f} ms {r['calls']:5d}x {r['kernel'][:100]}")
     return {"cprofile_top": functions, "profiler": counts}
 
 

@@ -339,14 +339,15 @@ class Shadow:
             j.target, j.ref = targets[g], refs[g]
 
     # -- computing planned jobs -------------------------------------------------------------------
-    def flush(self, jobs: List[ShadowJob]) -> None:
+    def flush(self, jobs: List[ShadowJob], batched: bool = True) -> None:
         """Compute every job (``ref``, or ``error`` saying why not): jobs of one key in one batched float64
         call (``torch.vmap`` of the op over the stacked inputs; an op whose batched call fails once runs
-        job by job from then on), the rest one by one; then :meth:`finish` each. Never raises for a job's
-        sake. Releases the jobs' inputs."""
+        job by job from then on), the rest one by one; then :meth:`finish` each. ``batched=False``: all one
+        by one (vmap cannot run inside a ``__torch_dispatch__``). Never raises for a job's sake. Releases the
+        jobs' inputs."""
         groups: Dict[Any, List[ShadowJob]] = {}
         for j in jobs:
-            batchable = j.key is not None and j.key[0] not in _UNBATCHABLE
+            batchable = batched and j.key is not None and j.key[0] not in _UNBATCHABLE
             groups.setdefault(j.key if batchable else id(j), []).append(j)
         for js in groups.values():
             per = max(1, BATCH_BYTES // max(1, 8 * sum(x.numel() for x in js[0].inputs)))

@@ -231,8 +231,9 @@ class StepTracer(TorchDispatchMode):
         finally:
             self.finalize()
 
-    def _flush_jobs(self) -> None:
-        """Compute every planned shadow now (batched, :meth:`Shadow.flush`) and queue its comparison."""
+    def _flush_jobs(self, batched: bool = True) -> None:
+        """Compute every planned shadow now (:meth:`Shadow.flush`; ``batched``: in batched calls, which only
+        works outside ``__torch_dispatch__``) and queue its comparison."""
         jobs, self._jobs = self._jobs, []
         self._job_storages.clear()
         self._job_bytes = 0
@@ -244,7 +245,7 @@ class StepTracer(TorchDispatchMode):
         self._internal = True  # the shadows' own ops are not the program's
         try:
             with torch.no_grad():
-                self.shadow.flush([j for _, j in jobs])
+                self.shadow.flush([j for _, j in jobs], batched=batched)
         finally:
             self._internal = prev
             self.shadow_ms += (time.perf_counter() - t0) * 1e3
@@ -455,13 +456,25 @@ class StepTracer(TorchDispatchMode):
                 self._jobs.append((rec, job))
                 # the output and the inputs as they are now: copied only if the program writes them first
                 self._hold(job, "target")
-                for k, x in enumerate(job.inputs):
-                    key = self._hold(job.inputs, k)
-                    if key is not None and key not in self._job_storages:
-                        self._job_storages[key] = x.untyped_storage().nbytes()
+                for k in range(len(job.inputs)):
+                    self._hold(job.inputs, k)
+                # what the planned shadows may keep alive that the program would free: the storages of the
+                # step's own results among the inputs (activations, gradients; not parameters or data)
+                for a in inputs:
+                    p = self._producer.get(id(a))
+                    if p is None or p[0]() is not a:
+                        continue
+                    try:
+                        key = (a.untyped_storage().data_ptr(), a.device)
+                    except (RuntimeError, NotImplementedError):
+                        continue
+                    if key not in self._job_storages:
+                        self._job_storages[key] = a.untyped_storage().nbytes()
                         self._job_bytes += self._job_storages[key]
                 if self._job_bytes > self.defer_bytes:
-                    self._flush_jobs()
+                    # inside the dispatch, where vmap cannot run (its batched tensors' dispatch keys are
+                    # excluded here): one by one
+                    self._flush_jobs(batched=False)
         if func is not None:
             rec.inputs = tuple(prods)
             self._producer[id(t)] = (weakref.ref(t), len(self.records))
