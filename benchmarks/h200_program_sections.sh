@@ -61,7 +61,7 @@ fi
 # pass-through dispatch mode's floor): a host-bound step (gpt tiny) and a larger one (gpt2-small shapes)
 if want steady-tiny; then
   step "steady-state shadowed step, gpt tiny (host-bound)"
-  run 90 $PY benchmarks/bench_precision.py --device cuda --config tiny --repeats 3 --out "$OUT/bench_precision_cuda_tiny.json"
+  run 90 $PY benchmarks/bench_precision.py --device cuda --config tiny --repeats 5 --diagnose --out "$OUT/bench_precision_cuda_tiny.json"
 fi
 if want steady-gpt2; then
   step "steady-state shadowed step, gpt2-small shapes"

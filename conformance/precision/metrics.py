@@ -163,11 +163,10 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
             out[i] = {"n": 0, "max_abs": 0.0, "max_rel": 0.0, "mean_rel": 0.0, "rms_rel": 0.0, "cosine": 1.0,
                       "mismatch_frac": 0.0, "nan_inf_mismatch": 0, "exceeds": False, "rule": q.rule}
             continue
-        # rows of one dtype and device on each side share a matrix (each side is laid out where it is and
-        # moved once); on the CPU also of similar length (padding at most doubles a row, or pads it to 1024:
-        # temporaries that stay in the cache), on a device any length (its passes cost launches, not elements)
-        bits = max(10, (n - 1).bit_length()) if dev.type == "cpu" else 0
-        key = (bits, q.target.dtype, q.target.device, q.ref.dtype, q.ref.device)
+        # rows of similar length share a matrix (padding at most doubles a row, or pads it to 1024: rows of
+        # 1K-2M elements meet in one step), and of one dtype and device on each side, so each side is laid out
+        # where it is and moved once
+        key = (max(10, (n - 1).bit_length()), q.target.dtype, q.target.device, q.ref.dtype, q.ref.device)
         buckets.setdefault(key, []).append(i)
     for idx in buckets.values():
         start, longest = 0, 0

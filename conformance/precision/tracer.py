@@ -114,6 +114,21 @@ class OpRecord:
         return (self.phase, self.module, self.op, self.occurrence, self.out_index)
 
 
+def default_defer_bytes(device: torch.device) -> int:
+    """How much of the step's results (activations, gradients) planned shadows may keep alive on ``device``
+    before they are computed early, one by one: a quarter of the memory free there now, where the device
+    module can say (``torch.cuda.mem_get_info``; ``torch.mlu`` has it too), at least 1 GiB; 1 GiB on the
+    CPU and elsewhere."""
+    floor = 1 << 30
+    info = getattr(getattr(torch, device.type, None), "mem_get_info", None) if device.type != "cpu" else None
+    if info is None:
+        return floor
+    try:
+        return max(floor, int(info(device)[0]) // 4)
+    except Exception:  # a device module that cannot say
+        return floor
+
+
 def _copy_held(holder: Any, slot: Any) -> None:
     """Replace the tensor in ``holder``'s ``slot`` (attribute name or list index) by a copy of it (a list
     emptied since, by a flushed job, has nothing left to copy)."""
@@ -172,7 +187,8 @@ class StepTracer(TorchDispatchMode):
     def __init__(self, model: torch.nn.Module, role: str, *, reference_samples=None,
                  shadow: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS,
                  sample: bool = True, record_module_outputs: bool = True,
-                 compute_dtype: Optional[torch.dtype] = None, cache_bytes: int = 1 << 30):
+                 compute_dtype: Optional[torch.dtype] = None, cache_bytes: int = 1 << 30,
+                 defer_bytes: Optional[int] = None):
         super().__init__()
         if role not in ("reference", "target"):
             raise ValueError(f"role must be 'reference' or 'target', not {role!r}")
@@ -202,8 +218,9 @@ class StepTracer(TorchDispatchMode):
         #: the storages the planned jobs keep alive, and their bytes
         self._job_storages: Dict[tuple, int] = {}
         self._job_bytes = 0
-        #: bytes of program storages the planned shadows may keep alive before they are computed early
-        self.defer_bytes = cache_bytes
+        #: bytes of the step's results the planned shadows may keep alive before they are computed early
+        #: (None: :func:`default_defer_bytes` of the first shadowed op's device)
+        self.defer_bytes = defer_bytes
         #: queued values that are still the program's own memory, by (storage, device): ``(holder, slot)``
         #: (a request's ``"target"``, a job's ``"target"`` or input ``k`` of a job's inputs); copied only
         #: when an op is about to write that storage (:meth:`_guard_writes`), not every time
@@ -471,6 +488,8 @@ class StepTracer(TorchDispatchMode):
                     if key not in self._job_storages:
                         self._job_storages[key] = a.untyped_storage().nbytes()
                         self._job_bytes += self._job_storages[key]
+                if self.defer_bytes is None:
+                    self.defer_bytes = default_defer_bytes(t.device)
                 if self._job_bytes > self.defer_bytes:
                     # inside the dispatch, where vmap cannot run (its batched tensors' dispatch keys are
                     # excluded here): one by one
