@@ -250,6 +250,46 @@ def _quiet_vmap_fallback():
             toggle(True)
 
 
+#: groups of an op without a direct batched form (:func:`_direct_form`) smaller than this run one by one: a
+#: vmap call costs about a millisecond of host time (H200 host, torch 2.11), ten single float64 calls' worth
+VMAP_MIN_GROUP = 8
+_ROW_DIM = {"_softmax": 1, "_log_softmax": 1, "_softmax_backward_data": 2, "_log_softmax_backward_data": 2}
+
+
+def _direct_form(job: ShadowJob):
+    """A function of the stacked float64 inputs (``[G, ...]`` each) that computes the group's references
+    (``[G, ...]``) with one plain op, for the op families that have one: matrix products (``bmm`` /
+    ``baddbmm``), last-dim softmax and its backward, and point-wise ops (each input viewed with the
+    output's rank, so broadcasting works per job); None for the rest (vmap, or one by one)."""
+    fn, a, kw = job.fn, job.args, job.kwargs
+    slots = all(isinstance(x, _Slot) for x in a)
+    if fn is torch.ops.aten.mm.default and len(a) == 2 and slots and not kw:
+        return lambda xs: torch.bmm(xs[0], xs[1])
+    if fn is torch.ops.aten.addmm.default and len(a) == 3 and slots and set(kw) <= {"beta", "alpha"}:
+        def addmm(xs):
+            bias = xs[0]
+            while bias.dim() < 3:  # [G, c] -> [G, 1, c], [G] -> [G, 1, 1]
+                bias = bias.unsqueeze(1)
+            return torch.baddbmm(bias, xs[1], xs[2], beta=kw.get("beta", 1), alpha=kw.get("alpha", 1))
+        return addmm
+    if fn is torch.ops.aten.bmm.default and len(a) == 2 and slots and not kw:
+        def bmm(xs):
+            g, b = xs[0].shape[:2]
+            return torch.bmm(xs[0].flatten(0, 1), xs[1].flatten(0, 1)).view(g, b, xs[0].shape[2], xs[1].shape[3])
+        return bmm
+    name = getattr(getattr(fn, "overloadpacket", None), "__name__", None)
+    pos = _ROW_DIM.get(name)
+    if pos is not None and len(a) > pos and isinstance(a[pos], int) and a[pos] < 0 and not kw:
+        return lambda xs: fn(*_fill(a, xs))
+    if torch.Tag.pointwise in getattr(fn, "tags", ()) and not kw:
+        rank = job.target.dim()
+        if any(x.dim() > rank for x in job.inputs):
+            return None
+        return lambda xs: fn(*_fill(a, [x.view(x.shape[0], *([1] * (rank + 1 - x.dim())), *x.shape[1:])
+                                        for x in xs]))
+    return None
+
+
 def _fill(o: Any, xs: List[torch.Tensor]) -> Any:
     return map_leaves(lambda x: xs[x.k] if isinstance(x, _Slot) else x, o)
 
@@ -266,9 +306,10 @@ class Shadow:
         self.cache = UpcastCache(cache_bytes)
         #: the devices shadows ran on (``"cpu"``, ``"cuda:0"`` ...), for the report
         self.homes: set = set()
-        #: jobs computed in batched calls, and the calls (for the report and the benchmarks)
+        #: jobs computed in batched calls, the calls, and how many of those were vmap calls
         self.batched_jobs = 0
         self.batched_calls = 0
+        self.vmap_calls = 0
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
             ) -> Tuple[torch.Tensor, torch.Tensor, str]:
@@ -375,17 +416,25 @@ class Shadow:
             job.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
     def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
-        """One vmap call for ``jobs`` (one key): their references stacked, or None when it fails."""
+        """One float64 call for ``jobs`` (one key): their references stacked, or None (nothing done) when the
+        op has no batched form here (:func:`_direct_form`, else vmap for groups of ``VMAP_MIN_GROUP`` or
+        more) or the batched call fails."""
         j0 = jobs[0]
+        direct = _direct_form(j0)
+        if direct is None and len(jobs) < VMAP_MIN_GROUP:
+            return None
         try:
             stacked = [to_home(torch.stack([j.inputs[k] for j in jobs]), j0.home, _F64 if up else None)
                        for k, up in enumerate(j0.upcast)]
-
-            def one(*xs):
-                res = j0.fn(*_fill(j0.args, list(xs)), **_fill(j0.kwargs, list(xs)))
-                return res[j0.out_index] if isinstance(res, (tuple, list)) else res
-            with _quiet_vmap_fallback():
-                res = torch.vmap(one)(*stacked)
+            if direct is not None:
+                res = direct(stacked)
+            else:
+                def one(*xs):
+                    res = j0.fn(*_fill(j0.args, list(xs)), **_fill(j0.kwargs, list(xs)))
+                    return res[j0.out_index] if isinstance(res, (tuple, list)) else res
+                with _quiet_vmap_fallback():
+                    res = torch.vmap(one)(*stacked)
+                self.vmap_calls += 1
         except Exception:
             _UNBATCHABLE.add(j0.key[0])
             return None
