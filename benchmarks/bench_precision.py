@@ -196,11 +196,15 @@ def main(argv=None) -> int:
                       lambda: StepTracer(ref.model, "reference", max_elements=args.max_elements))]
     # interleaved rounds (round 0 is the warm-up): background load hits every variant alike
     times = {name: [] for name, *_ in variants}
+    parts = {name: [] for name, *_ in variants}  # a tracer's end-of-step work: (shadows ms, statistics ms)
     for i in range(args.repeats + 1):
         for name, wl, b, make in variants:
-            t = _step(wl, b, make())
+            tracer = make()
+            t = _step(wl, b, tracer)
             if i:
                 times[name].append(t)
+                if getattr(tracer, "do_shadow", False):
+                    parts[name].append((tracer.shadow_ms, tracer.finalize_ms - tracer.shadow_ms))
     base = statistics.median(times["plain"])
     base_min = min(times["plain"])
     rows, result = [], {}
@@ -210,6 +214,11 @@ def main(argv=None) -> int:
                      " ".join(f"{r:.3f}" for r in runs)])
         result[name] = {"median_s": med, "ratio_to_plain": med / base, "min_s": min(runs),
                         "min_ratio_to_plain": min(runs) / base_min, "runs_s": runs}
+        if parts[name]:  # of the step's time: the deferred float64 shadows and the statistics, at its end
+            result[name]["end_of_step_ms"] = {"shadows": statistics.median(p[0] for p in parts[name]),
+                                              "statistics": statistics.median(p[1] for p in parts[name])}
+            rows[-1][0] += " [end of step: shadows {shadows:.1f} ms, statistics {statistics:.1f} ms]".format(
+                **result[name]["end_of_step_ms"])
     print(f"{args.model}:{args.config} batch {args.batch_size}"
           + (f" x {args.seq_len} tokens" if args.model in ("gpt", "moe") else "")
           + f", {n_params / 1e6:.1f}M parameters, float32 on {args.device}, {args.threads} CPU threads, "
