@@ -198,12 +198,27 @@ class _Slot:
         return hash(("slot", self.k))
 
 
-def _frozen(o: Any) -> Any:
-    """A hashable stand-in for an argument template (lists become tagged tuples)."""
+def _template(o: Any, inputs: List[torch.Tensor], sig: List[Any], home: torch.device) -> Any:
+    """``o`` (an op's arguments) with each tensor replaced by its :class:`_Slot` (the tensor appended to
+    ``inputs``), floating dtypes by float64 and devices by ``home``; ``sig`` gets what identifies the call
+    for batching, in one walk: each tensor's shape, dtype and device, each container's kind and length,
+    each constant."""
+    if isinstance(o, torch.Tensor):
+        inputs.append(o)
+        sig.append((o.shape, o.dtype, o.device))
+        return _Slot(len(inputs) - 1)
     if isinstance(o, (tuple, list)):
-        return (type(o).__name__,) + tuple(_frozen(x) for x in o)
+        sig.append((type(o), len(o)))
+        out = [_template(x, inputs, sig, home) for x in o]
+        return tuple(out) if isinstance(o, tuple) else out
     if isinstance(o, dict):
-        return ("dict",) + tuple((k, _frozen(v)) for k, v in o.items())
+        sig.append(tuple(o))
+        return {k: _template(v, inputs, sig, home) for k, v in o.items()}
+    if isinstance(o, torch.dtype) and o.is_floating_point:
+        o = _F64
+    elif isinstance(o, torch.device):
+        o = home
+    sig.append(o)
     return o
 
 
@@ -346,23 +361,14 @@ class Shadow:
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
         inputs: List[torch.Tensor] = []
-
-        def slot(x):
-            if isinstance(x, torch.Tensor):
-                inputs.append(x)
-                return _Slot(len(inputs) - 1)
-            if isinstance(x, torch.dtype) and x.is_floating_point:
-                return _F64
-            if isinstance(x, torch.device):
-                return home
-            return x
-        a, k = map_leaves(slot, args), map_leaves(slot, kwargs)
+        sig: List[Any] = [fn, out_index, home]
+        a = _template(args, inputs, sig, home)
+        k = _template(kwargs, inputs, sig, home)
         upcast = tuple(x.is_floating_point() for x in inputs)
         key = None
         if batch and inputs:
             try:
-                key = (fn, out_index, home, _frozen(a), _frozen(k), upcast,
-                       tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
+                key = tuple(sig)
                 hash(key)
             except TypeError:  # an unhashable constant: on its own
                 key = None
