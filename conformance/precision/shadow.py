@@ -6,6 +6,9 @@ target's inputs upcast, so any difference is introduced by this op. It runs wher
 (an MLU computes float64 as float32, so a float64 shadow there would be no reference: the CPU then),
 unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept down by
 
+* planning shadows as the ops run and computing them later in batched calls (:meth:`Shadow.plan`
+  makes a :class:`ShadowJob`, :meth:`Shadow.flush` computes many: the jobs of one op, argument
+  shapes and constants in one float64 call, :func:`_direct_form` or ``torch.vmap``);
 * an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
   version, holding a strong reference to the source so the key cannot be recycled; bounded by
   bytes (LRU), cleared by the owner at the end of each step;
@@ -17,9 +20,9 @@ unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept d
   in full, except outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are
   left to the reference-run comparison (recorded as unshadowed with the reason).
 
-Everything here runs inside a tracer's ``__torch_dispatch__``, below autograd: nothing it computes
-is recorded for the backward, so no tensor needs ``detach()``. Not thread-safe: one :class:`Shadow` per
-tracer.
+Planning runs inside a tracer's ``__torch_dispatch__``, below autograd; the owner flushes under
+``torch.no_grad()``: nothing here is recorded for the backward, so no tensor needs ``detach()``. Not
+thread-safe: one :class:`Shadow` per tracer.
 """
 from __future__ import annotations
 
