@@ -287,3 +287,40 @@ def test_on_cuda_shadows_run_on_the_device_unless_the_cpu_is_asked_for(monkeypat
     assert tr.shadow.homes == {str(dev)}
     ops = [r for r in tr.records if r.kind == "op" and r.local is not None]
     assert ops and all(not r.local["exceeds"] for r in ops), [(r.op, r.local) for r in ops if r.local["exceeds"]]
+
+
+def _direct_cases(g: torch.Generator = None):
+    aten = torch.ops.aten
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+    return {  # op, arguments of one job (each job of a group gets fresh values), output index
+        "add, broadcast rank": lambda: (aten.add.Tensor, (r(4, 8), r(8)), 0),
+        "mul, 0-dim operand": lambda: (aten.mul.Tensor, (r(3, 5), r(())), 0),
+        "frexp, first of two outputs": lambda: (aten.frexp.Tensor, (r(4, 8),), 0),
+        "addmm, 1-d bias": lambda: (aten.addmm.default, (r(6), r(5, 7), r(7, 6)), 0),
+        "bmm": lambda: (aten.bmm.default, (r(2, 5, 7), r(2, 7, 3)), 0),
+        "softmax, last dim": lambda: (aten._softmax.default, (r(5, 9), -1, False), 0),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_direct_cases()))
+def test_direct_batched_forms_equal_single_float64_calls(monkeypatch, case):
+    """Each op family with a direct batched form (no vmap): a group of three jobs computed in one call gives
+    each job the float64 result of its own op."""
+    monkeypatch.setattr(shadow, "_UNBATCHABLE", set())
+    sh = shadow.Shadow()
+    jobs, singles = [], []
+    g = torch.Generator().manual_seed(1)  # one stream: every job of the group gets its own values
+    for _ in range(3):
+        func, args, k = _direct_cases(g)[case]()
+        out = func(*args)
+        out = out[k] if isinstance(out, tuple) else out
+        jobs.append(sh.plan(func, args, {}, out, k))
+        singles.append(shadow.Shadow().run(func, args, {}, out, k)[1])
+    assert shadow._direct_form(jobs[0]) is not None
+    sh.flush(jobs)
+    assert sh.batched_calls == 1 and sh.vmap_calls == 0 and not shadow._UNBATCHABLE
+    for j, want in zip(jobs, singles):
+        assert j.ref.dtype == torch.float64 and j.ref.shape == want.shape
+        torch.testing.assert_close(j.ref, want, rtol=1e-12, atol=1e-12)

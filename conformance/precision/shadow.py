@@ -391,8 +391,8 @@ class Shadow:
     # -- computing planned jobs -------------------------------------------------------------------
     def flush(self, jobs: List[ShadowJob], batched: bool = True) -> None:
         """Compute every job (``ref``, or ``error`` saying why not): jobs of one key in one batched float64
-        call (``torch.vmap`` of the op over the stacked inputs; an op whose batched call fails once runs
-        job by job from then on), the rest one by one; then :meth:`finish` each. ``batched=False``: all one
+        call over their stacked inputs (:meth:`_run_batched`; an op whose batched call fails once runs job by
+        job from then on), the rest one by one; then :meth:`finish` each. ``batched=False``: all one
         by one (vmap cannot run inside a ``__torch_dispatch__``). Never raises for a job's sake. Releases the
         jobs' inputs."""
         groups: Dict[Any, List[ShadowJob]] = {}
@@ -437,6 +437,8 @@ class Shadow:
                        for k, up in enumerate(j0.upcast)]
             if direct is not None:
                 res = direct(stacked)
+                if isinstance(res, (tuple, list)):  # a point-wise op with several outputs (frexp)
+                    res = res[j0.out_index]
             else:
                 def one(*xs):
                     res = j0.fn(*_fill(j0.args, list(xs)), **_fill(j0.kwargs, list(xs)))
