@@ -485,8 +485,8 @@ class StepTracer(TorchDispatchMode):
                 self._jobs.append((rec, job))
                 # the output and the inputs as they are now: copied only if the program writes them first
                 self._hold(job, "target")
-                for k in range(len(job.inputs)):
-                    self._hold(job.inputs, k)
+                for slot in range(len(job.inputs)):
+                    self._hold(job.inputs, slot)
                 # what the planned shadows may keep alive that the program would free: the storages of the
                 # step's own results among the inputs (activations, gradients; not parameters or data)
                 for a in inputs:
@@ -494,12 +494,12 @@ class StepTracer(TorchDispatchMode):
                     if p is None or p[0]() is not a:
                         continue
                     try:
-                        key = (a.untyped_storage().data_ptr(), a.device)
+                        storage = (a.untyped_storage().data_ptr(), a.device)
                     except (RuntimeError, NotImplementedError):
                         continue
-                    if key not in self._job_storages:
-                        self._job_storages[key] = a.untyped_storage().nbytes()
-                        self._job_bytes += self._job_storages[key]
+                    if storage not in self._job_storages:
+                        self._job_storages[storage] = a.untyped_storage().nbytes()
+                        self._job_bytes += self._job_storages[storage]
                 if self.defer_bytes is None:
                     self.defer_bytes = default_defer_bytes(t.device)
                 if self._job_bytes > self.defer_bytes:
