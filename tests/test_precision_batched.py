@@ -114,24 +114,27 @@ _OVERWRITES = {
 }
 
 
-class _MutatesItsOutput(torch.nn.Module):
-    """An op output that the program changes afterwards: the deferred comparison must see the value the op
-    produced."""
+class _Mutates(torch.nn.Module):
+    """A linear whose output (``what="output"``), or whose input (``"input"``: a tanh's result), the program
+    changes before the step ends: the deferred comparison must see the value the op produced, and the
+    float64 shadow computed at the step's end the value the op read."""
 
-    def __init__(self, overwrite):
+    def __init__(self, overwrite, what: str = "output"):
         super().__init__()
         self.lin = torch.nn.Linear(16, 16)
         self.overwrite = overwrite
+        self.what = what
 
     def forward(self, x):
-        y = self.lin(x)
-        self.overwrite(y)  # the linear's output is overwritten before the step ends
+        h = torch.tanh(x)
+        y = self.lin(h)
+        self.overwrite(y if self.what == "output" else h)
         return y.sum()
 
 
 @pytest.mark.parametrize("how", sorted(_OVERWRITES))
 def test_deferred_comparisons_keep_the_value_the_op_produced(how):
-    m = _MutatesItsOutput(_OVERWRITES[how])
+    m = _Mutates(_OVERWRITES[how], "output")
     x = torch.randn(4, 16)
     with torch.no_grad():
         ref = StepTracer(m, "reference")
@@ -146,25 +149,9 @@ def test_deferred_comparisons_keep_the_value_the_op_produced(how):
     assert tr.finalize_ms > 0
 
 
-class _MutatesAnInput(torch.nn.Module):
-    """An op's input that the program changes after the op ran: the float64 shadow, computed when the step
-    ends, must read the value the op read."""
-
-    def __init__(self, overwrite):
-        super().__init__()
-        self.lin = torch.nn.Linear(16, 16)
-        self.overwrite = overwrite
-
-    def forward(self, x):
-        h = torch.tanh(x)
-        y = self.lin(h)
-        self.overwrite(h)  # the linear's input is overwritten before the step ends
-        return y.sum()
-
-
 @pytest.mark.parametrize("how", sorted(_OVERWRITES))
 def test_deferred_shadows_read_the_inputs_the_op_read(how):
-    m = _MutatesAnInput(_OVERWRITES[how])
+    m = _Mutates(_OVERWRITES[how], "input")
     tr = StepTracer(m, "target", record_module_outputs=False)
     with torch.no_grad(), tr:
         m(torch.randn(4, 16))
