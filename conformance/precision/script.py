@@ -150,14 +150,8 @@ class _ProgramTracer(StepTracer):
         self.owner = owner
         self.recording = True
 
-    def __enter__(self):  # no per-model hooks: the owner's global hooks call _pre/_post
+    def __enter__(self):  # no per-model hooks: the owner's global hooks call _pre/_post (exit: StepTracer's)
         return super(StepTracer, self).__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super(StepTracer, self).__exit__(*exc)
-        finally:
-            self.finalize()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -373,18 +373,17 @@ class StepTracer(TorchDispatchMode):
         return "forward", (self._stack[-1] if self._stack else "<root>")
 
     # -- dispatch ---------------------------------------------------------------------------
-    def _hold(self, holder: Any, slot: Any) -> Optional[tuple]:
+    def _hold(self, holder: Any, slot: Any) -> None:
         """Queue-side of copy-on-write: ``holder``'s ``slot`` (an attribute name, or an index of a list) is
         a program tensor or a view of one; it is copied only if an op writes that storage before it is used
-        (a tensor without a storage is copied now). Returns the storage's key (None: copied now)."""
+        (a tensor without a storage is copied now)."""
         t = getattr(holder, slot) if isinstance(slot, str) else holder[slot]
         try:
             key = (t.untyped_storage().data_ptr(), t.device)
         except (RuntimeError, NotImplementedError):
             _copy_held(holder, slot)
-            return None
+            return
         self._held.setdefault(key, []).append((holder, slot))
-        return key
 
     def _guard_writes(self, writes, args, kwargs) -> None:
         """Before an op runs: copy the held values (:meth:`_hold`) of every storage it will write (``writes``,
