@@ -204,7 +204,7 @@ def main(argv=None) -> int:
             if i:
                 times[name].append(t)
                 if getattr(tracer, "do_shadow", False):
-                    parts[name].append((tracer.shadow_ms, tracer.finalize_ms - tracer.shadow_ms))
+                    parts[name].append((tracer.shadow_ms, tracer.statistics_ms))
     base = statistics.median(times["plain"])
     base_min = min(times["plain"])
     rows, result = [], {}

@@ -505,7 +505,7 @@ class ProgramPrecision:
             if self.role == "target" and self.mode_active:
                 self.mode_active = False
                 self.tracer.__exit__(None, None, None)  # judges the window's queued comparisons
-        # the window's cost includes those statistics (finalize_ms of it)
+        # the window's cost includes the end-of-step shadows and statistics (shadow_ms, statistics_ms of it)
         self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
         if self.tracer is not None and self.role == "reference":
             self._save()
@@ -575,8 +575,7 @@ class ProgramPrecision:
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
                                "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,
-                                          "statistics_ms": self.tracer.finalize_ms - self.tracer.shadow_ms
-                                          if self.tracer else None,
+                                          "statistics_ms": self.tracer.statistics_ms if self.tracer else None,
                                           "shadows_ms": self.tracer.shadow_ms if self.tracer else None,
                                           "shadow_device": self._shadow_device(),
                                           "primed_steps": self.primed_steps,

@@ -194,12 +194,6 @@ class _Slot:
     def __init__(self, k: int):
         self.k = k
 
-    def __eq__(self, other):
-        return isinstance(other, _Slot) and other.k == self.k
-
-    def __hash__(self):
-        return hash(("slot", self.k))
-
 
 def _template(o: Any, inputs: List[torch.Tensor], sig: List[Any], home: torch.device) -> Any:
     """``o`` (an op's arguments) with each tensor replaced by its :class:`_Slot` (the tensor appended to
@@ -237,8 +231,7 @@ class ShadowJob:
     fn: Any  #: called on the float64 arguments (an aten overload, or F.scaled_dot_product_attention)
     args: tuple  #: argument template: each input tensor replaced by its :class:`_Slot`
     kwargs: dict
-    inputs: List[torch.Tensor]  #: in slot order
-    upcast: Tuple[bool, ...]  #: per input: floating (made float64) or not (moved as it is)
+    inputs: List[torch.Tensor]  #: in slot order; floating ones are made float64, the rest moved as they are
     home: torch.device  #: where the float64 call runs (:func:`float64_home`)
     out_index: int  #: which output of ``fn`` is compared (when it returns several)
     target: torch.Tensor  #: the target values compared with ``ref``
@@ -312,6 +305,18 @@ def _fill(o: Any, xs: List[torch.Tensor]) -> Any:
     return map_leaves(lambda x: xs[x.k] if isinstance(x, _Slot) else x, o)
 
 
+def _call(job: ShadowJob, xs: List[torch.Tensor]) -> torch.Tensor:
+    """The compared output of ``job``'s op on the float64 arguments ``xs`` (its inputs, in slot order)."""
+    res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
+    return res[job.out_index] if isinstance(res, (tuple, list)) else res
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` as one report line: its type and the first line of its message, at most 160 characters."""
+    msg = str(exc)
+    return f"{type(exc).__name__}: {msg.splitlines()[0][:160] if msg else ''}"
+
+
 class Shadow:
     """Plans and runs float64 shadows of aten ops on :func:`float64_home` of the op's output device.
     :meth:`plan` picks what to compare (sampled variants read views) and :meth:`flush` computes many
@@ -338,7 +343,6 @@ class Shadow:
         """
         job = self.plan(func, args, kwargs, out, out_index)
         self._run_one(job, raise_errors=True)
-        self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
         return job.target, job.ref, job.how
 
     def plan(self, func, args, kwargs, out: torch.Tensor, out_index: int) -> ShadowJob:
@@ -367,7 +371,6 @@ class Shadow:
         sig: List[Any] = [fn, out_index, home]
         a = _template(args, inputs, sig, home)
         k = _template(kwargs, inputs, sig, home)
-        upcast = tuple(x.is_floating_point() for x in inputs)
         key = None
         if batch and inputs:
             try:
@@ -375,7 +378,7 @@ class Shadow:
                 hash(key)
             except TypeError:  # an unhashable constant: on its own
                 key = None
-        return ShadowJob(fn, a, k, inputs, upcast, home, out_index, target, how, key)
+        return ShadowJob(fn, a, k, inputs, home, out_index, target, how, key)
 
     def finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor
                ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -409,20 +412,21 @@ class Shadow:
                     continue
                 for j in part:
                     self._run_one(j)
-                    if j.ref is not None:
-                        self._finish([j], j.target.unsqueeze(0), j.ref.unsqueeze(0))
         for j in jobs:
             j.inputs = []
 
     def _run_one(self, job: ShadowJob, raise_errors: bool = False) -> None:
-        xs = [self.cache.get(x) if up else to_home(x, job.home) for x, up in zip(job.inputs, job.upcast)]
+        """Compute ``job`` on its own (upcasts through the cache) and :meth:`finish` it; a failure sets
+        ``error`` (or raises, with ``raise_errors``)."""
+        xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home) for x in job.inputs]
         try:
-            res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
-            job.ref = res[job.out_index] if isinstance(res, (tuple, list)) else res
+            job.ref = _call(job, xs)
         except Exception as exc:
             if raise_errors:
                 raise
-            job.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            job.error = error_line(exc)
+            return
+        self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
 
     def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
         """One float64 call for ``jobs`` (one key): their references stacked, or None (nothing done) when the
@@ -433,18 +437,15 @@ class Shadow:
         if direct is None and len(jobs) < VMAP_MIN_GROUP:
             return None
         try:
-            stacked = [to_home(torch.stack([j.inputs[k] for j in jobs]), j0.home, _F64 if up else None)
-                       for k, up in enumerate(j0.upcast)]
+            stacked = [torch.stack([j.inputs[k] for j in jobs]) for k in range(len(j0.inputs))]
+            stacked = [to_home(x, j0.home, _F64 if x.is_floating_point() else None) for x in stacked]
             if direct is not None:
                 res = direct(stacked)
                 if isinstance(res, (tuple, list)):  # a point-wise op with several outputs (frexp)
                     res = res[j0.out_index]
             else:
-                def one(*xs):
-                    res = j0.fn(*_fill(j0.args, list(xs)), **_fill(j0.kwargs, list(xs)))
-                    return res[j0.out_index] if isinstance(res, (tuple, list)) else res
                 with _quiet_vmap_fallback():
-                    res = torch.vmap(one)(*stacked)
+                    res = torch.vmap(lambda *xs: _call(j0, list(xs)))(*stacked)
                 self.vmap_calls += 1
         except Exception:
             _UNBATCHABLE.add(j0.key[0])

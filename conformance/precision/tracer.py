@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import thresholds as th
 from .argtree import leaves, map_leaves
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
-from .shadow import Shadow, ShadowJob, float64_home
+from .shadow import Shadow, ShadowJob, error_line, float64_home
 
 _SKIP = {
     "detach", "copy_", "_to_copy_", "empty", "empty_like", "empty_strided", "new_empty",
@@ -230,8 +230,9 @@ class StepTracer(TorchDispatchMode):
         #: milliseconds :meth:`finalize` has taken, all calls together (the deferred shadows and statistics)
         self.finalize_ms = 0.0
         #: milliseconds the planned float64 shadows took to compute, all flushes together (at the step's end
-        #: part of :attr:`finalize_ms`, earlier ones not)
+        #: part of :attr:`finalize_ms`, earlier ones not), and the statistics took (part of it)
         self.shadow_ms = 0.0
+        self.statistics_ms = 0.0
 
     # -- module hooks ---------------------------------------------------------------------
     def __enter__(self):
@@ -250,9 +251,10 @@ class StepTracer(TorchDispatchMode):
         finally:
             self.finalize()
 
-    def _flush_jobs(self, batched: bool = True) -> None:
-        """Compute every planned shadow now (:meth:`Shadow.flush`; ``batched``: in batched calls, which only
-        works outside ``__torch_dispatch__``) and queue its comparison."""
+    def _flush_jobs(self, early: bool = False) -> None:
+        """Compute every planned shadow now (:meth:`Shadow.flush`) and queue its comparison. ``early``: from
+        inside ``__torch_dispatch__`` while the step goes on, so one by one (vmap cannot run there), and the
+        compared outputs are held (the program may still write them)."""
         jobs, self._jobs = self._jobs, []
         self._job_storages.clear()
         self._job_bytes = 0
@@ -264,7 +266,7 @@ class StepTracer(TorchDispatchMode):
         self._internal = True  # the shadows' own ops are not the program's
         try:
             with torch.no_grad(), _disable_current_modes():  # not the program's ops: no mode of it sees them
-                self.shadow.flush([j for _, j in jobs], batched=batched)
+                self.shadow.flush([j for _, j in jobs], batched=not early)
         finally:
             self._internal = prev
             self.shadow_ms += (time.perf_counter() - t0) * 1e3
@@ -281,7 +283,8 @@ class StepTracer(TorchDispatchMode):
             q = StatsRequest(job.target, job.ref, job.target.dtype, thr["rtol_eff"], thr["atol"],
                              thr["class"] == "reduction")
             self._pending.append((rec, "local", q))
-            self._hold(q, "target")  # flushed early: the step goes on, and may write the output
+            if early:
+                self._hold(q, "target")
 
     def finalize(self) -> None:
         """Compute the planned float64 shadows and judge every comparison queued since the last call,
@@ -298,11 +301,20 @@ class StepTracer(TorchDispatchMode):
         import time
         t0 = time.perf_counter()
         self._flush_jobs()
+        t1 = time.perf_counter()
+        try:
+            self._judge()
+        finally:
+            t2 = time.perf_counter()
+            self.statistics_ms += (t2 - t1) * 1e3
+            self.finalize_ms += (t2 - t0) * 1e3
+
+    def _judge(self) -> None:
+        """The statistics of every queued comparison, into the records (:meth:`finalize`'s second half)."""
         if self.shadow is not None:
             self.shadow.cache.clear()
         self._held.clear()  # judged now: the program may write those tensors again
         if not self._pending:
-            self.finalize_ms += (time.perf_counter() - t0) * 1e3
             return
         pending, self._pending = self._pending, []
         devices = {q.target.device for _, _, q in pending}
@@ -313,7 +325,7 @@ class StepTracer(TorchDispatchMode):
         try:
             stats = error_stats_many(reqs, dev)
         except Exception as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            why = error_line(exc)
             stats = [None] * len(reqs)
             for rec, which, _ in pending:
                 if which == "local":
@@ -322,7 +334,6 @@ class StepTracer(TorchDispatchMode):
             self._internal = prev
         for (rec, which, _), st in zip(pending, stats):
             setattr(rec, which, st)
-        self.finalize_ms += (time.perf_counter() - t0) * 1e3
 
     def _boundary(self) -> None:
         """The innermost module changes here: nodes numbered from now on belong to the top of the stack."""
@@ -478,7 +489,7 @@ class StepTracer(TorchDispatchMode):
             try:
                 job = self.shadow.plan(func, args, kwargs, t, out_index)
             except Exception as exc:  # too large, and no sampled variant; record why
-                rec.shadow_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                rec.shadow_error = error_line(exc)
             else:
                 rec.sampling = job.how
                 self._jobs.append((rec, job))
@@ -504,7 +515,7 @@ class StepTracer(TorchDispatchMode):
                 if self._job_bytes > self.defer_bytes:
                     # inside the dispatch, where vmap cannot run (its batched tensors' dispatch keys are
                     # excluded here): one by one
-                    self._flush_jobs(batched=False)
+                    self._flush_jobs(early=True)
         if func is not None:
             rec.inputs = tuple(prods)
             self._producer[id(t)] = (weakref.ref(t), len(self.records))
