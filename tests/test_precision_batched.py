@@ -276,6 +276,25 @@ def test_on_cuda_shadows_run_on_the_device_unless_the_cpu_is_asked_for(monkeypat
     assert ops and all(not r.local["exceeds"] for r in ops), [(r.op, r.local) for r in ops if r.local["exceeds"]]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+def test_a_script_targets_reference_samples_move_to_where_its_statistics_run(device):
+    """At the first top-level forward the reference samples go, in one copy, to the float64 home of the
+    program's device (CUDA: the GPU itself); on the CPU they are left as they are."""
+    from hal.conformance.precision.script import ProgramPrecision
+    pp = ProgramPrecision({"precision_role": "target"}, modules=None)
+    samples = {("forward", "m", "mm", 0, 0): torch.randn(4096, dtype=torch.float64),
+               ("forward", "m", "add", 0, 0): torch.randn(7, dtype=torch.float64),
+               ("backward", "m", "mm", 0, 0): torch.randn(2, 3, dtype=torch.float64)}
+    before = {k: v.clone() for k, v in samples.items()}
+    kept = dict(samples)
+    pp.ref, pp.ref_usable = {"samples": samples}, True
+    pp._place_reference(torch.nn.Linear(4, 4).to(device), ())
+    for k, v in samples.items():
+        assert v.device.type == device and v.shape == before[k].shape and torch.equal(v.cpu(), before[k]), k
+        assert (v is kept[k]) == (device == "cpu"), k
+
+
 def _direct_cases(g: torch.Generator = None):
     aten = torch.ops.aten
 

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .argtree import map_leaves
 from .metrics import sample_index_on, take_sample
-from .shadow import Shadow
+from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
@@ -277,6 +277,28 @@ class ProgramPrecision:
             self.ref_usable = False
             self.reasons.append(f"the reference samples could not be read ({type(exc).__name__}: {exc})")
 
+    def _place_reference(self, module: torch.nn.Module, args: Any) -> None:
+        """Target, at the first top-level forward (the program has picked its device by then): move the
+        reference samples to where the window's statistics will run, the float64 home of the device the
+        module computes on (its first parameter's, else its first tensor input's), in one copy (a packed
+        buffer, split into views). Else every step's statistics would move them, and on the H200 the first
+        comparison against host-side samples cost 205 ms of host time once (1-2 ms afterwards): that fell in
+        the compared window. Samples stay on the CPU where float64 does (an MLU, the CPU itself)."""
+        samples = (self.ref or {}).get("samples") if self.ref_usable else None
+        first = next((t for t in module.parameters()), None)
+        if first is None:
+            first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
+        if not samples or first is None or first.device.type == "cpu":
+            return
+        home = float64_home(first.device)
+        keys = [k for k, v in samples.items() if v.device != home and v.dtype == torch.float64]
+        if home.type == "cpu" or not keys:
+            return
+        with self._internal():
+            packed = torch.cat([samples[k].reshape(-1) for k in keys]).to(home)
+            for k, part in zip(keys, packed.split([samples[k].numel() for k in keys])):
+                samples[k] = part.view(samples[k].shape)
+
     def _drop_reference(self, why: str) -> None:
         if self.ref_usable:
             self.ref_usable = False
@@ -440,6 +462,7 @@ class ProgramPrecision:
             if self.window == "not started" and self.init_fp is None:
                 self.init_fp = _fingerprint([p for p in module.parameters()] + [b for b in module.buffers()
                                                                                  if b.is_floating_point()])
+                self._place_reference(module, args)
             fp = _fingerprint([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)])
             if len(self.input_fps) < 256:
                 self.input_fps.append(fp)

@@ -150,6 +150,20 @@ def _seq_probe() -> int:
         return (torch.zeros((), requires_grad=True) * 1.0).grad_fn._sequence_nr()
 
 
+def modes_set_aside() -> contextlib.AbstractContextManager:
+    """A context in which torch calls reach no Python mode: the dispatch modes below the caller (the audit's
+    random-stream mode in a script's child, the program's own) are set aside, and so is ``__torch_function__``
+    (the audit's CUDA-to-CPU redirect mode: its Python handler cost ~10 us on each of the statistics' and
+    shadows' calls in a redirected child). For the tracer's own work, never the program's ops. Cheap when no
+    mode is active (nothing is entered)."""
+    aside = contextlib.ExitStack()
+    if torch._C._len_torch_dispatch_stack():
+        aside.enter_context(_disable_current_modes())
+    if torch._C._len_torch_function_stack():
+        aside.enter_context(torch._C.DisableTorchFunction())
+    return aside
+
+
 def _widen(x):
     if isinstance(x, torch.dtype) and x.is_floating_point:
         return torch.float64
@@ -265,7 +279,7 @@ class StepTracer(TorchDispatchMode):
         prev = self._internal
         self._internal = True  # the shadows' own ops are not the program's
         try:
-            with torch.no_grad(), _disable_current_modes():  # not the program's ops: no mode of it sees them
+            with torch.no_grad(), modes_set_aside():  # not the program's ops: no mode of it sees them
                 self.shadow.flush([j for _, j in jobs], batched=not early)
         finally:
             self._internal = prev
@@ -291,10 +305,10 @@ class StepTracer(TorchDispatchMode):
         filling ``local``/``total`` of the records (called on exit; records read before it have neither).
         One batched pass where the queued values are (their device when all are on one float64-capable
         device, else the CPU); a comparison that cannot be computed leaves its metric None (local:
-        ``shadow_error`` says why). Runs with every dispatch mode set aside (the program's own, and the
-        audit's: a mode below the tracer would see each of these ops, in Python, and in a script's child
-        that made the statistics 380 ms instead of 5 on the H200)."""
-        with _disable_current_modes():
+        ``shadow_error`` says why). Runs with every Python mode set aside (:func:`modes_set_aside`: a mode
+        would see each of these ops, in Python; in a script's child the audit's random-stream mode made the
+        statistics 380 ms instead of 5 on the H200)."""
+        with modes_set_aside():
             self._finalize()
 
     def _finalize(self) -> None:
@@ -437,8 +451,7 @@ class StepTracer(TorchDispatchMode):
         inputs = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor)]
         # the bookkeeping's own ops (views, samples) are not the program's: a mode below this one (the audit's
         # random-stream mode in a script's child) need not see them
-        below = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
-        with below:
+        with modes_set_aside():
             for i, o in enumerate(outs):
                 if isinstance(o, torch.Tensor) and o.numel() > 0 and (
                         o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
