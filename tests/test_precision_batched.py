@@ -289,7 +289,7 @@ def test_a_script_targets_reference_samples_move_to_where_its_statistics_run(dev
     before = {k: v.clone() for k, v in samples.items()}
     kept = dict(samples)
     pp.ref, pp.ref_usable = {"samples": samples}, True
-    pp._place_reference(torch.nn.Linear(4, 4).to(device), ())
+    pp._prepare_statistics(torch.nn.Linear(4, 4).to(device), ())
     for k, v in samples.items():
         assert v.device.type == device and v.shape == before[k].shape and torch.equal(v.cpu(), before[k]), k
         assert (v is kept[k]) == (device == "cpu"), k
@@ -330,3 +330,25 @@ def test_direct_batched_forms_equal_single_float64_calls(monkeypatch, case):
     for j, want in zip(jobs, singles):
         assert j.ref.dtype == torch.float64 and j.ref.shape == want.shape
         torch.testing.assert_close(j.ref, want, rtol=1e-12, atol=1e-12)
+
+
+def test_warm_statistics_takes_every_dtype_and_rule_once_per_device(monkeypatch):
+    from hal.conformance.precision import metrics
+    seen = []
+    real = metrics._stats_rows
+
+    def spy(requests, idx, dev, out):
+        real(requests, idx, dev, out)
+        for i in idx:
+            q = requests[i]
+            seen.append((q.target_dtype, q.rule, q.target.numel(), bool(out[i]["nan_inf_mismatch"])))
+    monkeypatch.setattr(metrics, "_stats_rows", spy)
+    monkeypatch.setattr(metrics, "_warmed", set())
+    metrics.warm_statistics(torch.device("cpu"))
+    assert {(d, r, nonfinite) for d, r, _, nonfinite in seen} == {
+        (d, r, nf) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        for r in ("element", "aggregate") for nf in (False, True)}
+    assert {n for *_, n, _ in seen} == {5, 8}  # rows of two lengths: the padded layout
+    n = len(seen)
+    metrics.warm_statistics(torch.device("cpu"))
+    assert len(seen) == n  # once per device

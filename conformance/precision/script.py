@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .argtree import map_leaves
-from .metrics import sample_index_on, take_sample
+from .metrics import sample_index_on, take_sample, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
 
@@ -277,21 +277,23 @@ class ProgramPrecision:
             self.ref_usable = False
             self.reasons.append(f"the reference samples could not be read ({type(exc).__name__}: {exc})")
 
-    def _place_reference(self, module: torch.nn.Module, args: Any) -> None:
-        """Target, at the first top-level forward (the program has picked its device by then): move the
-        reference samples to where the window's statistics will run, the float64 home of the device the
-        module computes on (its first parameter's, else its first tensor input's), in one copy (a packed
-        buffer, split into views). Else every step's statistics would move them, and on the H200 the first
-        comparison against host-side samples cost 205 ms of host time once (1-2 ms afterwards): that fell in
-        the compared window. Samples stay on the CPU where float64 does (an MLU, the CPU itself)."""
-        samples = (self.ref or {}).get("samples") if self.ref_usable else None
+    def _prepare_statistics(self, module: torch.nn.Module, args: Any) -> None:
+        """Target, at the first top-level forward (the program has picked its device by then), for the float64
+        home of the device the module computes on (its first parameter's, else its first tensor input's):
+        the statistics' kernels are used once there (:func:`warm_statistics`), and the reference samples
+        move there in one copy (a packed buffer, split into views), so that no step's statistics move them.
+        Both were one-time costs inside the compared window on the H200 (the first total comparisons: 205 ms
+        of host time). Samples stay on the CPU where float64 does (an MLU, the CPU itself)."""
         first = next((t for t in module.parameters()), None)
         if first is None:
             first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
-        if not samples or first is None or first.device.type == "cpu":
+        if first is None:
             return
         home = float64_home(first.device)
-        keys = [k for k, v in samples.items() if v.device != home and v.dtype == torch.float64]
+        with self._internal():
+            warm_statistics(home)
+        samples = (self.ref or {}).get("samples") if self.ref_usable else None
+        keys = [k for k, v in (samples or {}).items() if v.device != home and v.dtype == torch.float64]
         if home.type == "cpu" or not keys:
             return
         with self._internal():
@@ -462,7 +464,7 @@ class ProgramPrecision:
             if self.window == "not started" and self.init_fp is None:
                 self.init_fp = _fingerprint([p for p in module.parameters()] + [b for b in module.buffers()
                                                                                  if b.is_floating_point()])
-                self._place_reference(module, args)
+                self._prepare_statistics(module, args)
             fp = _fingerprint([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)])
             if len(self.input_fps) < 256:
                 self.input_fps.append(fp)
