@@ -282,21 +282,22 @@ class ProgramPrecision:
         home of the device the module computes on (its first parameter's, else its first tensor input's):
         the statistics' kernels are used once there (:func:`warm_statistics`), and the reference samples
         move there in one copy (a packed buffer, split into views), so that no step's statistics move them.
-        Both were one-time costs inside the compared window on the H200 (the first total comparisons: 205 ms
-        of host time). Samples stay on the CPU where float64 does (an MLU, the CPU itself)."""
+        On the H200 the first total comparisons of a process cost 205 ms of host time once (1-2 ms afterwards),
+        inside the compared window; with the samples on the device a window's statistics replayed in 7.4 ms
+        instead of 12-13 (5 buckets instead of 9). Samples stay on the CPU where float64 does (an MLU, the CPU
+        itself)."""
         first = next((t for t in module.parameters()), None)
         if first is None:
             first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
         if first is None:
             return
         home = float64_home(first.device)
-        with self._internal():
-            warm_statistics(home)
         samples = (self.ref or {}).get("samples") if self.ref_usable else None
         keys = [k for k, v in (samples or {}).items() if v.device != home and v.dtype == torch.float64]
-        if home.type == "cpu" or not keys:
-            return
         with self._internal():
+            warm_statistics(home)
+            if home.type == "cpu" or not keys:
+                return
             packed = torch.cat([samples[k].reshape(-1) for k in keys]).to(home)
             for k, part in zip(keys, packed.split([samples[k].numel() for k in keys])):
                 samples[k] = part.view(samples[k].shape)

@@ -449,8 +449,8 @@ class StepTracer(TorchDispatchMode):
             outs = outs[:info.n_out]
         phase, module = self.current_module()
         inputs = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor)]
-        # the bookkeeping's own ops (views, samples) are not the program's: a mode below this one (the audit's
-        # random-stream mode in a script's child) need not see them
+        # the bookkeeping's own ops (views, samples) are not the program's: no other mode (the audit's random-stream
+        # and redirect modes in a script's child) need see them
         with modes_set_aside():
             for i, o in enumerate(outs):
                 if isinstance(o, torch.Tensor) and o.numel() > 0 and (
