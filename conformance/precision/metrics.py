@@ -293,11 +293,11 @@ _warmed: set = set()
 
 def warm_statistics(device: torch.device) -> None:
     """Run :func:`error_stats_many` once on ``device`` over tiny requests that take every kernel path it has
-    (each target dtype, the element and the norm-wise rule, rows of two lengths in one padded matrix,
-    finite and non-finite values), so a kernel's first use in the process is paid here, not inside a compared step: on the H200
-    the first norm-wise (total) comparisons cost 205 ms of host time once and 1-2 ms afterwards. Once per
-    device per process; a failure is ignored (the real statistics report their own). Not thread-safe (a
-    second concurrent call only repeats the work)."""
+    (each target dtype, the element and the norm-wise rule, rows of two lengths in one padded matrix, finite
+    and non-finite values), so a kernel's first use in the process is paid here, not inside a compared step:
+    on the H200 the first norm-wise (total) comparisons cost 205 ms of host time once and 1-2 ms afterwards.
+    Once per device per process; a failure is ignored (the real statistics report their own). Not
+    thread-safe (a second concurrent call only repeats the work)."""
     dev = torch.device(device)
     if str(dev) in _warmed:
         return

@@ -155,11 +155,14 @@ def modes_set_aside() -> contextlib.AbstractContextManager:
     random-stream mode in a script's child, the program's own) are set aside, and so is ``__torch_function__``
     (the audit's CUDA-to-CPU redirect mode: its Python handler cost ~10 us on each of the statistics' and
     shadows' calls in a redirected child). For the tracer's own work, never the program's ops. Cheap when no
-    mode is active (nothing is entered)."""
+    mode is active (a null context: this runs for every recorded op)."""
+    dispatch, function = torch._C._len_torch_dispatch_stack(), torch._C._len_torch_function_stack()
+    if not (dispatch or function):
+        return contextlib.nullcontext()
     aside = contextlib.ExitStack()
-    if torch._C._len_torch_dispatch_stack():
+    if dispatch:
         aside.enter_context(_disable_current_modes())
-    if torch._C._len_torch_function_stack():
+    if function:
         aside.enter_context(torch._C.DisableTorchFunction())
     return aside
 
