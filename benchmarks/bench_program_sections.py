@@ -19,7 +19,8 @@ Each repeat makes, interleaved (background load hits every variant alike), the r
 * profile: the median profiled step against the median plain step of the cold run's profile child
   (plain steps run first, before any profiler); goal <= 1.2x.
 
-The window includes the batched statistics (``statistics_ms`` of it). Prints a tabulate table
+The window includes the batched statistics and the float64 shadows computed at its end (``statistics_ms``
+and ``shadows_ms`` of it; the rest is the program and the per-op bookkeeping). Prints a tabulate table
 (medians and minima over repeats) and writes JSON (``--out``, default
 out/bench_program_sections.json). Default script: the CUDA autocast TransformerEncoder fixture,
 redirected to the CPU here (``--device mlu``), on the GPU with ``--device cuda``.
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
                "precision_vs_plain_median": tc["window_ms"] / plain["median"],
                "precision_warm_vs_plain_median": tw["window_ms"] / plain["median"] if tw.get("window_ms") else None,
                "precision_primed_window_ms": tp.get("window_ms"), "primed_statistics_ms": tp.get("statistics_ms"),
+               "primed_shadows_ms": tp.get("shadows_ms"), "warm_shadows_ms": tw.get("shadows_ms"),
                "precision_primed_vs_plain_median":
                    tp["window_ms"] / plain["median"] if tp.get("window_ms") else None,
                "profile_ratio_median": prof["median"] / plain["median"],

@@ -210,6 +210,38 @@ def test_batched_shadows_equal_the_op_by_op_shadows(monkeypatch, device):
             assert a.local["exceeds"] == b.local["exceeds"]
 
 
+def test_the_outputs_of_one_op_call_share_one_float64_call(monkeypatch):
+    """native_layer_norm's three outputs and its backward's three gradients are each compared, from one
+    float64 call per op call: the same judgements as one call per output."""
+    def traced():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+        tr = StepTracer(m, "target", record_module_outputs=False)
+        with tr:
+            m(torch.randn(8, 16)).sum().backward()
+        return tr
+    shared = traced()
+    norms = [r for r in shared.records if r.op.startswith("native_layer_norm")]
+    assert sorted((r.op, r.out_index) for r in norms) == [(op, i) for op in ("native_layer_norm",
+                                                                            "native_layer_norm_backward")
+                                                          for i in range(3)]
+    assert all(r.local is not None and r.shadow_error is None for r in norms), [(r.key, r.shadow_error) for r in norms]
+    assert shared.shadow.shared_jobs == 4  # outputs 1 and 2 of each call
+    plan = shadow.Shadow.plan
+
+    def alone(self, *a, **k):  # no sibling: every output's job makes its own call
+        self._last_call = None
+        return plan(self, *a, **k)
+    monkeypatch.setattr(shadow.Shadow, "plan", alone)
+    each = traced()
+    assert each.shadow.shared_jobs == 0
+    assert [r.key for r in shared.records] == [r.key for r in each.records]
+    for a, b in zip(shared.records, each.records):
+        assert (a.local is None) == (b.local is None) and a.shadow_error == b.shadow_error, a.key
+        if a.local is not None:
+            assert a.local["max_abs"] == b.local["max_abs"] and a.local["exceeds"] == b.local["exceeds"], a.key
+
+
 def test_planned_shadows_are_computed_early_past_their_memory_bound(monkeypatch):
     """A step whose planned shadows keep more than ``defer_bytes`` of program memory alive computes them as
     it goes: the same judgements, none of them batched across the bound."""
@@ -307,6 +339,8 @@ def _direct_cases(g: torch.Generator = None):
         "addmm, 1-d bias": lambda: (aten.addmm.default, (r(6), r(5, 7), r(7, 6)), 0),
         "bmm": lambda: (aten.bmm.default, (r(2, 5, 7), r(2, 7, 3)), 0),
         "softmax, last dim": lambda: (aten._softmax.default, (r(5, 9), -1, False), 0),
+        "sum over dims": lambda: (aten.sum.dim_IntList, (r(2, 3, 4), [0, -1]), 0),
+        "sum over every dim, kept": lambda: (aten.sum.dim_IntList, (r(3, 5), [], True), 0),
     }
 
 

@@ -238,6 +238,9 @@ class ShadowJob:
     how: str  #: the sampling, for the report
     key: Optional[tuple]  #: jobs of one key run as one batched call; None: on its own
     ref: Optional[torch.Tensor] = None
+    #: True for a job planned for another output of the same op call as the job planned just before it: the two
+    #: share ``inputs`` (one list), and run one by one they share one float64 call (:meth:`Shadow.flush`)
+    shared: bool = False
     error: Optional[str] = None
 
 
@@ -270,8 +273,8 @@ _ROW_DIM = {"_softmax": 1, "_log_softmax": 1, "_softmax_backward_data": 2, "_log
 def _direct_form(job: ShadowJob):
     """A function of the stacked float64 inputs (``[G, ...]`` each) that computes the group's references
     (``[G, ...]``) with one plain op, for the op families that have one: matrix products (``bmm`` /
-    ``baddbmm``), last-dim softmax and its backward, and point-wise ops (each input viewed with the
-    output's rank, so broadcasting works per job); None for the rest (vmap, or one by one)."""
+    ``baddbmm``), sums over dims, last-dim softmax and its backward, and point-wise ops (each input viewed
+    with the output's rank, so broadcasting works per job); None for the rest (vmap, or one by one)."""
     fn, a, kw = job.fn, job.args, job.kwargs
     slots = all(isinstance(x, _Slot) for x in a)
     if fn is torch.ops.aten.mm.default and len(a) == 2 and slots and not kw:
@@ -288,6 +291,13 @@ def _direct_form(job: ShadowJob):
             g, b = xs[0].shape[:2]
             return torch.bmm(xs[0].flatten(0, 1), xs[1].flatten(0, 1)).view(g, b, xs[0].shape[2], xs[1].shape[3])
         return bmm
+    if fn is torch.ops.aten.sum.dim_IntList and isinstance(a[0], _Slot) and set(kw) <= {"dtype"} \
+            and 2 <= len(a) <= 3 and not any(isinstance(x, _Slot) for x in a[1:]) and job.inputs[0].dim():
+        # a sum over dims: the same dims one place further on (none listed: every dim but the group's)
+        dims = a[1]
+        shifted = [d + 1 if d >= 0 else d for d in dims] if dims else list(range(1, job.inputs[0].dim() + 1))
+        keep = bool(a[2]) if len(a) == 3 else False
+        return lambda xs: torch.sum(xs[0], shifted, keepdim=keep, dtype=kw.get("dtype"))
     name = getattr(getattr(fn, "overloadpacket", None), "__name__", None)
     pos = _ROW_DIM.get(name)
     if pos is not None and len(a) > pos and isinstance(a[pos], int) and a[pos] < 0 and not kw:
@@ -333,6 +343,11 @@ class Shadow:
         self.batched_jobs = 0
         self.batched_calls = 0
         self.vmap_calls = 0
+        #: jobs computed one by one whose reference came from a sibling's float64 call (:attr:`ShadowJob.shared`)
+        self.shared_jobs = 0
+        #: the last op call planned in full: (func, args, kwargs, home, template args, kwargs, inputs, signature
+        #: walk, batchable), so its other outputs' jobs share it (:meth:`plan`); dropped at each flush
+        self._last_call: Optional[tuple] = None
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
             ) -> Tuple[torch.Tensor, torch.Tensor, str]:
@@ -364,7 +379,17 @@ class Shadow:
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        return self._job(func, args, kwargs, home, out_index, out, "full")
+        last = self._last_call
+        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3] == home:
+            # another output of the op call planned just before (native_layer_norm's mean and rstd, a backward's
+            # three gradients): the same template and inputs, so run one by one the siblings make one call
+            _, _, _, _, a, k, inputs, walk, batchable = last
+            key = (func, out_index, home) + walk if batchable else None
+            return ShadowJob(func, a, k, inputs, home, out_index, out, "full", key, shared=True)
+        job = self._job(func, args, kwargs, home, out_index, out, "full")
+        walk = tuple(job.key[3:]) if job.key is not None else ()
+        self._last_call = (func, args, kwargs, home, job.args, job.kwargs, job.inputs, walk, job.key is not None)
+        return job
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
         inputs: List[torch.Tensor] = []
@@ -398,6 +423,8 @@ class Shadow:
         job from then on), the rest one by one; then :meth:`finish` each. ``batched=False``: all one
         by one (vmap cannot run inside a ``__torch_dispatch__``). Never raises for a job's sake. Releases the
         jobs' inputs."""
+        self._last_call = None
+        calls: Dict[int, Any] = {}  # id(inputs) -> the float64 call's result, for jobs that share a call
         groups: Dict[Any, List[ShadowJob]] = {}
         for j in jobs:
             batchable = batched and j.key is not None and j.key[0] not in _UNBATCHABLE
@@ -411,21 +438,29 @@ class Shadow:
                     self._finish(part, torch.stack([j.target for j in part]), refs)
                     continue
                 for j in part:
-                    self._run_one(j)
+                    self._run_one(j, calls=calls)
         for j in jobs:
             j.inputs = []
 
-    def _run_one(self, job: ShadowJob, raise_errors: bool = False) -> None:
+    def _run_one(self, job: ShadowJob, raise_errors: bool = False, calls: Optional[Dict[int, Any]] = None) -> None:
         """Compute ``job`` on its own (upcasts through the cache) and :meth:`finish` it; a failure sets
-        ``error`` (or raises, with ``raise_errors``)."""
-        xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home) for x in job.inputs]
-        try:
-            job.ref = _call(job, xs)
-        except Exception as exc:
-            if raise_errors:
-                raise
-            job.error = error_line(exc)
-            return
+        ``error`` (or raises, with ``raise_errors``). ``calls``: results of float64 calls by ``id(inputs)``, read
+        and written for jobs that share their call (``shared``, or the first job whose inputs a later one shares)."""
+        res = calls.get(id(job.inputs)) if calls is not None and job.shared else None
+        if res is not None:
+            self.shared_jobs += 1
+        else:
+            xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home) for x in job.inputs]
+            try:
+                res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
+            except Exception as exc:
+                if raise_errors:
+                    raise
+                job.error = error_line(exc)
+                return
+            if calls is not None and isinstance(res, (tuple, list)):  # only a multi-output call has siblings
+                calls[id(job.inputs)] = res
+        job.ref = res[job.out_index] if isinstance(res, (tuple, list)) else res
         self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
 
     def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:

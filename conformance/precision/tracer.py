@@ -511,7 +511,7 @@ class StepTracer(TorchDispatchMode):
                 self._jobs.append((rec, job))
                 # the output and the inputs as they are now: copied only if the program writes them first
                 self._hold(job, "target")
-                for slot in range(len(job.inputs)):
+                for slot in range(0 if job.shared else len(job.inputs)):  # shared: held with the first job's
                     self._hold(job.inputs, slot)
                 # what the planned shadows may keep alive that the program would free: the storages of the
                 # step's own results among the inputs (activations, gradients; not parameters or data)
