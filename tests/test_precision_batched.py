@@ -60,8 +60,14 @@ def test_batched_statistics_do_not_depend_on_grouping(reqs):
     assert all(_same(a, b) for a, b in zip(together, alone))
 
 
-def test_batched_statistics_match_the_definitions(monkeypatch):
-    monkeypatch.setitem(metrics._CHUNK_ELEMENTS, "cpu", 2048)  # several chunks and padded rows
+@pytest.mark.parametrize("length_class", [1, metrics._DEVICE_LENGTH_CLASS])  # the CPU's buckets, and a device's
+def test_batched_statistics_match_the_definitions(monkeypatch, length_class):
+    # several chunks and padded rows; a device's classes: rows of 1025 and 1500 elements in one matrix
+    monkeypatch.setitem(metrics._CHUNK_ELEMENTS, "cpu", 2048 if length_class == 1 else 1 << 16)
+    monkeypatch.setitem(metrics._LENGTH_CLASS, "cpu", length_class)
+    calls = []
+    rows = metrics._stats_rows
+    monkeypatch.setattr(metrics, "_stats_rows", lambda reqs, idx, *a: calls.append(len(idx)) or rows(reqs, idx, *a))
     reqs = [_request(s, n, dt, 1e-3, s % 3 == 0, "element", s % 2 == 0)
             for s, (n, dt) in enumerate([(5, torch.float32), (1500, torch.float16), (4096, torch.bfloat16),
                                          (3000, torch.float32), (33, torch.float64), (1025, torch.float16)])]
@@ -84,6 +90,23 @@ def test_batched_statistics_match_the_definitions(monkeypatch):
             bits, min_exp = (10, -13) if q.target_dtype == torch.float16 else (7, -125)
             ulps = [x / 2.0 ** (max(math.frexp(a if a > 0 else 1.0)[1] - 1, min_exp) - bits) for x, a in zip(d, ar)]
             assert s["ulp_max"] == pytest.approx(max(ulps), rel=1e-12)
+    # CPU: float16's rows of 1500 and 1025 alone (and bfloat16's, float64's); device classes: those two together
+    assert sorted(calls) == ([1] * 6 if length_class == 1 else [1, 1, 1, 1, 2])
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_both_padded_layouts_hold_each_row_then_zeros(lens, given_lengths):
+    """The CPU's row-by-row copy and the devices' masked scatter lay out the same float64 matrix."""
+    g = torch.Generator().manual_seed(sum(lens))
+    xs = [torch.randn(n, generator=g, dtype=torch.float32) for n in lens]
+    rows = metrics._padded_rows(xs, lens)
+    lengths = torch.tensor(lens, dtype=torch.float64).unsqueeze(1) if given_lengths else None
+    scattered = metrics._padded_scatter(xs, lens, lengths)
+    assert rows.dtype == torch.float64 and rows.shape == (len(lens), max(lens))
+    assert torch.equal(rows, scattered.double())
+    for row, x, n in zip(rows, xs, lens):
+        assert torch.equal(row[:n], x.double()) and not row[n:].any()
 
 
 def test_row_sums_that_overflow_take_the_exact_path():

@@ -139,6 +139,12 @@ class StatsRequest:
 #: cache (measured here: 1 ns an element at 64K elements, 3-30 ns at 1M and more); on a device, more
 _CHUNK_ELEMENTS = {"cpu": 1 << 16}
 _DEVICE_CHUNK_ELEMENTS = 1 << 24
+#: rows meet in one matrix when their lengths' bit lengths (at least 10) divided by this are equal: on the CPU
+#: 1 (padding at most doubles a row: padded elements cost time there); on a device 4 (rows of 1K-8K elements
+#: meet, then 8K-128K ...: a bucket is ~40 kernel launches and two synchronisations of host time, far more
+#: than the padding costs the device; gpt tiny on the H200 had 5 buckets, 1.9 ms each)
+_LENGTH_CLASS = {"cpu": 1}
+_DEVICE_LENGTH_CLASS = 4
 
 
 def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.device] = None
@@ -153,6 +159,7 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     limit = _CHUNK_ELEMENTS.get(dev.type, _DEVICE_CHUNK_ELEMENTS)
+    per_class = _LENGTH_CLASS.get(dev.type, _DEVICE_LENGTH_CLASS)
     out: List[Optional[Dict[str, float]]] = [None] * len(requests)
     buckets: Dict[int, List[int]] = {}
     for i, q in enumerate(requests):
@@ -163,10 +170,11 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
             out[i] = {"n": 0, "max_abs": 0.0, "max_rel": 0.0, "mean_rel": 0.0, "rms_rel": 0.0, "cosine": 1.0,
                       "mismatch_frac": 0.0, "nan_inf_mismatch": 0, "exceeds": False, "rule": q.rule}
             continue
-        # rows of similar length share a matrix (padding at most doubles a row, or pads it to 1024: rows of
-        # 1K-2M elements meet in one step), and of one dtype and device on each side, so each side is laid out
-        # where it is and moved once
-        key = (max(10, (n - 1).bit_length()), q.target.dtype, q.target.device, q.ref.dtype, q.ref.device)
+        # rows of similar length share a matrix (on the CPU padding at most doubles a row, or pads it to 1024;
+        # see _LENGTH_CLASS), and of one dtype and device on each side, so each side is laid out where it is
+        # and moved once
+        key = (max(10, (n - 1).bit_length()) // per_class, q.target.dtype, q.target.device, q.ref.dtype,
+               q.ref.device)
         buckets.setdefault(key, []).append(i)
     for idx in buckets.values():
         start, longest = 0, 0
@@ -180,25 +188,49 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
     return out  # type: ignore[return-value]
 
 
-def _padded(xs: List[torch.Tensor], lens: List[int], home: torch.device) -> torch.Tensor:
+def _on(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``dev``: itself on the CPU; on CUDA through pinned memory without waiting (the
+    caching host allocator keeps the pinned block until the copy has run); elsewhere ``to``."""
+    if dev.type == "cpu":
+        return host
+    if dev.type == "cuda":
+        return host.pin_memory().to(dev, non_blocking=True)
+    return host.to(dev)
+
+
+def _padded(xs: List[torch.Tensor], lens: List[int], home: torch.device,
+            lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``xs`` (one dtype and device) flattened as the rows of a float64 ``[len(xs), max(lens)]`` matrix on
-    ``home``, zero-padded. On the CPU, from CPU tensors: each row copied (and cast) into a zeroed matrix,
-    one pass (a masked scatter is single-threaded there: 8x slower on 16K-element rows). Elsewhere: one
-    concatenation and one masked scatter where they are, whatever their number (a copy per row is a
-    launch per row on a device), then :func:`to_home`."""
+    ``home``, zero-padded: from CPU tensors to the CPU :func:`_padded_rows`, else :func:`_padded_scatter`
+    where they are, then :func:`to_home`. ``lengths``: ``lens`` as a ``[len(xs), 1]`` tensor on ``xs``'
+    device, when the caller has one there (else it is made)."""
     if home.type == "cpu" and xs[0].device.type == "cpu":
-        out = torch.zeros(len(xs), max(lens), dtype=torch.float64)
-        for row, x, n in zip(out, xs, lens):
-            row[:n].copy_(x.detach().reshape(-1))
-        return out
+        return _padded_rows(xs, lens)
+    return to_home(_padded_scatter(xs, lens, lengths), home, torch.float64)
+
+
+def _padded_rows(xs: List[torch.Tensor], lens: List[int]) -> torch.Tensor:
+    """The float64 CPU matrix of :func:`_padded`, each row copied (and cast) into a zeroed matrix: one pass
+    (a masked scatter is single-threaded on the CPU: 8x slower on 16K-element rows)."""
+    out = torch.zeros(len(xs), max(lens), dtype=torch.float64)
+    for row, x, n in zip(out, xs, lens):
+        row[:n].copy_(x.detach().reshape(-1))
+    return out
+
+
+def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
+    """The matrix of :func:`_padded` in ``xs``' dtype and device: one concatenation and one masked scatter,
+    whatever their number (a copy per row would be a launch per row on a device)."""
     flat = [x.detach().reshape(-1) for x in xs]
     cat = flat[0] if len(flat) == 1 else torch.cat(flat)
     longest = max(lens)
     if all(n == longest for n in lens):
-        return to_home(cat.view(len(lens), longest), home, torch.float64)
-    lengths = torch.tensor(lens, device=cat.device).unsqueeze(1)
+        return cat.view(len(lens), longest)
+    if lengths is None:
+        lengths = torch.tensor(lens, device=cat.device).unsqueeze(1)
     mask = torch.arange(longest, device=cat.device) < lengths
-    return to_home(cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat), home, torch.float64)
+    return cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat)
 
 
 def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.device,
@@ -211,21 +243,27 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     f64 = torch.float64
     qs = [requests[i] for i in idx]
     lens = [q.target.numel() for q in qs]
-    t = _padded([q.target for q in qs], lens, dev)
-    r = _padded([q.ref for q in qs], lens, dev)
-    pad = torch.tensor([t.shape[1] - n for n in lens], dtype=f64, device=dev)
+    bits16 = [_MANTISSA_BITS.get(q.target_dtype, 0) for q in qs]
+    # every per-row parameter in one host table, moved in one copy (each small tensor made on a device is a
+    # copy of its own, synchronous from pageable memory): length, rtol, atol, norm-wise, mantissa bits and
+    # the target's smallest normal exponent
+    params = _on(torch.tensor([[n, q.rtol, q.atol, q.normwise, b, -13 if q.target_dtype == torch.float16 else -125]
+                               for n, q, b in zip(lens, qs, bits16)], dtype=f64), dev)
+    n_col, rtol, atol = params[:, 0:1], params[:, 1:2], params[:, 2:3]
 
-    def col(values: List[Any], dtype: torch.dtype = f64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=dev).unsqueeze(1)
-
+    def lengths_on(xs: List[torch.Tensor]) -> Optional[torch.Tensor]:
+        return n_col if xs[0].device == n_col.device else None
+    targets, refs = [q.target for q in qs], [q.ref for q in qs]
+    t = _padded(targets, lens, dev, lengths_on(targets))
+    r = _padded(refs, lens, dev, lengths_on(refs))
     atol_r = [q.atol for q in qs]
-    rtol, atol = col([q.rtol for q in qs]), col(atol_r)
-    # finite row sums mean finite elements (a NaN or Inf carries into the sum; a sum that overflows only
-    # sends the chunk down the exact path): two passes without temporaries instead of two isfinite masks
-    if bool(torch.isfinite(t.sum(1)).all()) and bool(torch.isfinite(r.sum(1)).all()):  # the usual case
+    # finite row sums mean finite elements (a NaN or Inf carries into the sum, and into the sum of both sums;
+    # a sum that overflows only sends the chunk down the exact path): two passes without temporaries, and one
+    # synchronisation, instead of two isfinite masks
+    if bool(torch.isfinite(t.sum(1).add_(r.sum(1))).all()):  # the usual case
         both, tb, rb = None, t, r
         nonfin_rows = torch.zeros(len(qs), dtype=f64, device=dev)
-        nb = torch.tensor([float(n) for n in lens], dtype=f64, device=dev)
+        nb = params[:, 0]
     else:
         t_fin, r_fin = torch.isfinite(t), torch.isfinite(r)
         both = t_fin & r_fin
@@ -234,7 +272,7 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
         nonfin_rows = nonfin.sum(1).to(f64)
         tb = torch.where(both, t, 0.0)
         rb = torch.where(both, r, 0.0)
-        nb = (both.sum(1).to(f64) - pad).clamp_(min=1)
+        nb = (both.sum(1).to(f64) - (t.shape[1] - params[:, 0])).clamp_(min=1)
 
     # few temporaries, reused in place: on the CPU each fresh buffer of this size is memory the allocator
     # maps and faults in again (in a traced step that was most of the statistics' time)
@@ -245,8 +283,7 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     ar = rb.abs()
     sr2, sd2, st2 = sq(rb), sq(d), sq(tb)
     rms_ref = (sr2 / nb).sqrt_()
-    normwise = [q.normwise for q in qs]
-    scale = ar if not any(normwise) else torch.where(col(normwise, torch.bool), torch.maximum(ar, rms_ref.unsqueeze(1)), ar)
+    scale = ar if not any(q.normwise for q in qs) else torch.where(params[:, 3:4] != 0, torch.maximum(ar, rms_ref.unsqueeze(1)), ar)
     # |out - ref| > atol + rtol * scale (masked and padded positions have d = 0 there, never counted): one
     # compare into a byte mask and one sum, not four passes over a float64 buffer
     work = torch.addcmul(atol, scale, rtol)
@@ -256,13 +293,12 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     # ~1e-16 of |t|^2 + |r|^2, far below what the cosine is judged at
     cols = [d.sum(1), sd2, ar.sum(1), sr2, st2, (st2 + sr2 - sd2) / 2, nb, rms_ref,
             nonfin_rows, bad_rows, rel.amax(1), d.amax(1)]
-    bits16 = [_MANTISSA_BITS.get(q.target_dtype, 0) for q in qs]
     if any(bits16):
         # ULP of the reference value in the target's format (normal range); rows of other dtypes ignore it.
         # d / ulp as d * 2**-(exponent of ulp): exact (a power of two), without materialising the ulp
         _, e = torch.frexp(torch.where(ar > 0, ar, 1.0))
-        min_exp = col([-13 if q.target_dtype == torch.float16 else -125 for q in qs], e.dtype)
-        u = torch.ldexp(d, col(bits16, e.dtype) - torch.maximum(e.sub_(1), min_exp))
+        bits, min_exp = params[:, 4:6].to(e.dtype).unbind(1)
+        u = torch.ldexp(d, bits.unsqueeze(1) - torch.maximum(e.sub_(1), min_exp.unsqueeze(1)))
         cols += [u.amax(1), u.sum(1)]
     for k, (i, q, n, row) in enumerate(zip(idx, qs, lens, torch.stack(cols, 1).tolist())):
         sd, sd2, sr, sr2_, st2, str_, nb_, rms_ref_, nonfin_, bad_, max_rel, max_abs = row[:12]
