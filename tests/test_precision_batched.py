@@ -265,6 +265,28 @@ def test_the_outputs_of_one_op_call_share_one_float64_call(monkeypatch):
             assert a.local["max_abs"] == b.local["max_abs"] and a.local["exceeds"] == b.local["exceeds"], a.key
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_script_shadow_compares_a_large_output_on_its_fixed_sample(group):
+    """A script target's shadow of an op without a sampled variant is computed whole and compared at the fixed
+    sample of ``max_elements`` positions, computed alone or in a group."""
+    from hal.conformance.precision.script import _SampledShadow
+    sh = _SampledShadow(max_elements=16)
+    g = torch.Generator().manual_seed(3)
+    jobs = []
+    for _ in range(group):
+        x = torch.randn(8, 8, generator=g)
+        out = torch.ops.aten.cumsum.default(x, 1)
+        jobs.append(sh.plan(torch.ops.aten.cumsum.default, (x, 1), {}, out, 0))
+    assert [j.how for j in jobs] == ["full"] * group
+    wants = [(j.target.detach()[metrics.sample_index((8, 8), 16)],
+              torch.cumsum(j.inputs[0].double(), 1)[metrics.sample_index((8, 8), 16)]) for j in jobs]
+    sh.flush(jobs)
+    for j, (target, ref) in zip(jobs, wants):
+        assert j.error is None and j.how.startswith("elements 16/64")
+        assert torch.equal(j.target, target) and j.ref.dtype == torch.float64
+        torch.testing.assert_close(j.ref, ref, rtol=1e-12, atol=1e-12)
+
+
 def test_planned_shadows_are_computed_early_past_their_memory_bound(monkeypatch):
     """A step whose planned shadows keep more than ``defer_bytes`` of program memory alive computes them as
     it goes: the same judgements, none of them batched across the bound."""

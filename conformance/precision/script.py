@@ -127,6 +127,9 @@ class _SampledShadow(Shadow):
     positions before they are compared: the statistics then cost the same for every op (on a
     small program the comparison of whole 100k-element outputs cost more than the float64 ops)."""
 
+    def cuts(self, job):
+        return job.how == "full" and job.target.numel() > self.max_elements
+
     def finish(self, jobs, targets, refs):
         shape = tuple(targets.shape[1:])
         n = targets[0].numel()

@@ -84,9 +84,8 @@ class UpcastCache:
         home = float64_home(t.device)
         if t.dtype == _F64 and t.device == home:
             return t
-        try:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                   tuple(t.stride()), t.dtype, t.device, t._version)
+        try:  # data_ptr() is the storage's plus the offset; shape (a torch.Size) and stride() are tuples already
+            key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
         except (RuntimeError, NotImplementedError):
             return to_home(t, home, _F64)
         hit = self._d.get(key)
@@ -411,6 +410,11 @@ class Shadow:
         stacked (``[len(jobs), ...]``): here all of it; a subclass may cut both (and say so in ``how``)."""
         return targets, refs
 
+    def cuts(self, job: ShadowJob) -> bool:
+        """Whether :meth:`finish` may cut ``job``'s values (never here): a job computed on its own is passed
+        to it only then, saving the stacking of one job."""
+        return False
+
     def _finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor) -> None:
         targets, refs = self.finish(jobs, targets, refs)
         for g, j in enumerate(jobs):
@@ -461,7 +465,8 @@ class Shadow:
             if calls is not None and isinstance(res, (tuple, list)):  # only a multi-output call has siblings
                 calls[id(job.inputs)] = res
         job.ref = res[job.out_index] if isinstance(res, (tuple, list)) else res
-        self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
+        if self.cuts(job):
+            self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
 
     def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
         """One float64 call for ``jobs`` (one key): their references stacked, or None (nothing done) when the
