@@ -109,6 +109,22 @@ def test_both_padded_layouts_hold_each_row_then_zeros(lens, given_lengths):
         assert torch.equal(row[:n], x.double()) and not row[n:].any()
 
 
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=4), st.integers(1, 60), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_sampled_values_are_the_values_at_the_sample_positions(shape, max_elements, transposed):
+    """The gather by flat index (``torch.take``) reads the positions of the multi-dimensional sample index,
+    on views with any strides too."""
+    t = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    if transposed and t.dim() > 1:
+        t = t.transpose(0, -1)
+    values, may_alias = metrics.sampled_values(t, max_elements)
+    idx = metrics.sample_index(t.shape, max_elements)
+    if idx is None:
+        assert may_alias and torch.equal(values, t.reshape(-1))
+    else:
+        assert not may_alias and values.shape == (max_elements,) and torch.equal(values, t[idx])
+
+
 def test_row_sums_that_overflow_take_the_exact_path():
     """The fast path trusts finite row sums; values whose sum overflows (every element finite) must still be
     judged exactly: finite, no NaN/Inf mismatch, the errors they really have."""

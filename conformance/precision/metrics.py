@@ -19,7 +19,24 @@ import torch
 #: default number of elements compared per tensor before sampling kicks in.
 DEFAULT_MAX_ELEMENTS = 1 << 15
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
-_index_cache: Dict[Tuple[Tuple[int, ...], int], Tuple[torch.Tensor, ...]] = {}
+#: (shape, max_elements) -> (flat index, multi-dimensional index) of the sample
+_index_cache: Dict[Tuple[Tuple[int, ...], int], Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]] = {}
+
+
+def _sample(shape, max_elements: int) -> Optional[Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]]:
+    shape = tuple(int(s) for s in shape)
+    n = math.prod(shape) if shape else 1
+    if n <= max_elements:
+        return None
+    key = (shape, max_elements)
+    hit = _index_cache.get(key)
+    if hit is None:
+        g = torch.Generator().manual_seed(n % (2 ** 31))
+        flat = torch.randint(0, n, (max_elements,), generator=g)
+        if len(_index_cache) > 4096:
+            _index_cache.clear()
+        hit = _index_cache[key] = (flat, tuple(torch.unravel_index(flat, shape)))
+    return hit
 
 
 def sample_index(shape, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Optional[Tuple[torch.Tensor, ...]]:
@@ -28,20 +45,15 @@ def sample_index(shape, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Optional[Tu
     Deterministic in (shape, max_elements): seeded by the element count, so independent runs
     and the target/reference pair compare the same positions.
     """
-    shape = tuple(int(s) for s in shape)
-    n = math.prod(shape) if shape else 1
-    if n <= max_elements:
-        return None
-    key = (shape, max_elements)
-    idx = _index_cache.get(key)
-    if idx is None:
-        g = torch.Generator().manual_seed(n % (2 ** 31))
-        flat = torch.randint(0, n, (max_elements,), generator=g)
-        idx = tuple(torch.unravel_index(flat, shape))
-        if len(_index_cache) > 4096:
-            _index_cache.clear()
-        _index_cache[key] = idx
-    return idx
+    hit = _sample(shape, max_elements)
+    return None if hit is None else hit[1]
+
+
+def sample_flat_index(shape, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Optional[torch.Tensor]:
+    """The positions of :func:`sample_index` as indices into the row-major flattening of ``shape`` (what
+    ``torch.take`` reads: one plain gather instead of an advanced index over every dim), or None (all)."""
+    hit = _sample(shape, max_elements)
+    return None if hit is None else hit[0]
 
 
 _device_index_cache: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
@@ -87,11 +99,16 @@ def to_home(x: torch.Tensor, home: torch.device, dtype: Optional[torch.dtype] = 
 
 def sampled_values(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Tuple[torch.Tensor, bool]:
     """``(values, may_alias)``: ``t`` flattened (a view of it when it can be) when small, else its
-    values at the :func:`sample_index` positions (a gathered copy), on ``t``'s device in ``t``'s
+    values at the :func:`sample_index` positions (a gathered copy, ``torch.take`` of the flat index: on the
+    CPU 2-3x faster than the advanced index, and less host time per call), on ``t``'s device in ``t``'s
     dtype. Nothing moves to the host and nothing synchronises. When ``may_alias``, the values may
     change with ``t``: a caller keeping them copies them first, or before ``t`` is written."""
-    idx = sample_index_on(t.shape, max_elements, t.device)
-    return (t.detach().reshape(-1), True) if idx is None else (t.detach()[idx], False)
+    flat = sample_flat_index(t.shape, max_elements)
+    if flat is None:
+        return t.detach().reshape(-1), True
+    if t.device.type != "cpu":
+        flat = on_device(("flat", tuple(int(s) for s in t.shape), max_elements), (flat,), t.device)[0]
+    return torch.take(t.detach(), flat), False
 
 
 def take_sample(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> torch.Tensor:
