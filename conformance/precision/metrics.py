@@ -56,30 +56,23 @@ def sample_flat_index(shape, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Option
     return None if hit is None else hit[0]
 
 
-_device_index_cache: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
+_device_index_cache: Dict[tuple, torch.Tensor] = {}
 
 
-def on_device(key: Any, index: Tuple[torch.Tensor, ...], device: torch.device) -> Tuple[torch.Tensor, ...]:
-    """``index`` (CPU tensors that are a pure function of ``key``) copied to ``device`` once and
-    cached: the samplers index every op output with the same few index sets, and a host-to-device
-    copy per op would cost a transfer each time. Bounded (cleared past 4096 entries)."""
-    if device.type == "cpu":
-        return index
-    k = (key, device)
+def sample_flat_index_on(shape, max_elements: int, device: torch.device) -> Optional[torch.Tensor]:
+    """:func:`sample_flat_index` on ``device``, copied there once and cached: the samplers index every op
+    output with the same few index sets, and a host-to-device copy per op would cost a transfer each
+    time. Bounded (cleared past 4096 entries)."""
+    flat = sample_flat_index(shape, max_elements)
+    if flat is None or device.type == "cpu":
+        return flat
+    k = (tuple(int(s) for s in shape), max_elements, device)
     hit = _device_index_cache.get(k)
     if hit is None:
         if len(_device_index_cache) > 4096:
             _device_index_cache.clear()
-        hit = _device_index_cache[k] = tuple(i.to(device) for i in index)
+        hit = _device_index_cache[k] = flat.to(device)
     return hit
-
-
-def sample_index_on(shape, max_elements: int, device: torch.device) -> Optional[Tuple[torch.Tensor, ...]]:
-    """:func:`sample_index` with its tensors on ``device`` (cached there)."""
-    idx = sample_index(shape, max_elements)
-    if idx is None:
-        return None
-    return on_device(("sample", tuple(int(s) for s in shape), max_elements), idx, device)
 
 
 def to_home(x: torch.Tensor, home: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -103,11 +96,9 @@ def sampled_values(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) ->
     CPU 2-3x faster than the advanced index, and less host time per call), on ``t``'s device in ``t``'s
     dtype. Nothing moves to the host and nothing synchronises. When ``may_alias``, the values may
     change with ``t``: a caller keeping them copies them first, or before ``t`` is written."""
-    flat = sample_flat_index(t.shape, max_elements)
+    flat = sample_flat_index_on(t.shape, max_elements, t.device)
     if flat is None:
         return t.detach().reshape(-1), True
-    if t.device.type != "cpu":
-        flat = on_device(("flat", tuple(int(s) for s in t.shape), max_elements), (flat,), t.device)[0]
     return torch.take(t.detach(), flat), False
 
 

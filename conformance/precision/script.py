@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .argtree import map_leaves
-from .metrics import sample_index_on, take_sample, warm_statistics
+from .metrics import sample_flat_index_on, take_sample, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
 
@@ -131,12 +131,16 @@ class _SampledShadow(Shadow):
         return job.how == "full" and job.target.numel() > self.max_elements
 
     def finish(self, jobs, targets, refs):
+        n = targets.numel() // len(jobs)
+        if jobs[0].how != "full" or n <= self.max_elements:
+            return targets, refs
         shape = tuple(targets.shape[1:])
-        n = targets[0].numel()
-        if jobs[0].how == "full" and n > self.max_elements and shape == tuple(refs.shape[1:]):
-            every = (slice(None),)
-            targets = targets.detach()[every + sample_index_on(shape, self.max_elements, targets.device)]
-            refs = refs[every + sample_index_on(shape, self.max_elements, refs.device)]
+        if shape == tuple(refs.shape[1:]):
+            # the sample's flat positions in each job's row: one index_select, not an advanced index over every dim
+            g = len(jobs)
+            targets = targets.detach().reshape(g, n).index_select(
+                1, sample_flat_index_on(shape, self.max_elements, targets.device))
+            refs = refs.reshape(g, n).index_select(1, sample_flat_index_on(shape, self.max_elements, refs.device))
             for j in jobs:
                 j.how = f"elements {self.max_elements}/{n} (shadowed whole, compared on a sample)"
         return targets, refs
