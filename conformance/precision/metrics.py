@@ -264,7 +264,6 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     targets, refs = [q.target for q in qs], [q.ref for q in qs]
     t = _padded(targets, lens, dev, lengths_on(targets))
     r = _padded(refs, lens, dev, lengths_on(refs))
-    atol_r = [q.atol for q in qs]
     # finite row sums mean finite elements (a NaN or Inf carries into the sum, and into the sum of both sums;
     # a sum that overflows only sends the chunk down the exact path): two passes without temporaries, and one
     # synchronisation, instead of two isfinite masks
@@ -330,7 +329,7 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
         if q.rule == "aggregate":
             # rms_rel and cosine are scale-free: on a tensor whose every error is within atol (gradients of
             # ~1e-8 through masked attention, say) they measure noise, so they count only above the atol floor
-            significant = max_abs > atol_r[k]
+            significant = max_abs > q.atol
             s["exceeds"] = bool(nonfin_ > 0 or significant and (s["rms_rel"] > q.rtol + q.atol
                                                                 or cosine < MODULE_COSINE_MIN))
         else:

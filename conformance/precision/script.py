@@ -131,9 +131,9 @@ class _SampledShadow(Shadow):
         return job.how == "full" and job.target.numel() > self.max_elements
 
     def finish(self, jobs, targets, refs):
-        n = targets.numel() // len(jobs)
-        if jobs[0].how != "full" or n <= self.max_elements:
+        if not self.cuts(jobs[0]):  # the jobs of one key: one shape, one sampling
             return targets, refs
+        n = targets.numel() // len(jobs)
         shape = tuple(targets.shape[1:])
         if shape == tuple(refs.shape[1:]):
             # the sample's flat positions in each job's row: one index_select, not an advanced index over every dim

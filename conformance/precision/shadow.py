@@ -344,8 +344,8 @@ class Shadow:
         self.vmap_calls = 0
         #: jobs computed one by one whose reference came from a sibling's float64 call (:attr:`ShadowJob.shared`)
         self.shared_jobs = 0
-        #: the last op call planned in full: (func, args, kwargs, home, template args, kwargs, inputs, signature
-        #: walk, batchable), so its other outputs' jobs share it (:meth:`plan`); dropped at each flush
+        #: the last op call planned in full, ``(func, args, kwargs, its job)``, so its other outputs' jobs share
+        #: that job's template and inputs (:meth:`plan`); dropped at each flush
         self._last_call: Optional[tuple] = None
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
@@ -379,15 +379,15 @@ class Shadow:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
         last = self._last_call
-        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3] == home:
+        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3].home == home:
             # another output of the op call planned just before (native_layer_norm's mean and rstd, a backward's
             # three gradients): the same template and inputs, so run one by one the siblings make one call
-            _, _, _, _, a, k, inputs, walk, batchable = last
-            key = (func, out_index, home) + walk if batchable else None
-            return ShadowJob(func, a, k, inputs, home, out_index, out, "full", key, shared=True)
+            first = last[3]
+            key = None if first.key is None else (func, out_index, home) + first.key[3:]
+            return ShadowJob(func, first.args, first.kwargs, first.inputs, home, out_index, out, "full", key,
+                             shared=True)
         job = self._job(func, args, kwargs, home, out_index, out, "full")
-        walk = tuple(job.key[3:]) if job.key is not None else ()
-        self._last_call = (func, args, kwargs, home, job.args, job.kwargs, job.inputs, walk, job.key is not None)
+        self._last_call = (func, args, kwargs, job)
         return job
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
