@@ -24,7 +24,7 @@ side in one process; rows carry ``via``.
 
 Host time: ``perf_counter`` around N back-to-back calls, stopped before the sync (the GPU work of
 these shapes is shorter than the host's, so nothing waits on the GPU), divided by N; median of the
-repeats. ``--profile`` adds cProfile's top functions of the wrapper's forward and forward + backward.
+repeats. ``--profile`` adds cProfile's top functions of the wrapper's forward and forward + backward (``--profile-ops``).
 Prints a table and writes ``--json``.
 
 Usage:  python benchmarks/bench_host_path.py --json out.json [--calls 300] [--repeats 7] [--profile]
@@ -103,7 +103,7 @@ def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
     import triton.language as tl
 
     import hal.ops as H
-    from hal.backends.cuda.kernels import norms, silu_and_mul as sm, softmax as sx
+    from hal.backends.cuda.kernels import cross_entropy as ce, norms, silu_and_mul as sm, softmax as sx
     dev = torch.device("cuda")
     m, n = 8, 4096
     x = torch.randn(m, n, device=dev, dtype=dtype)
@@ -132,20 +132,33 @@ def cases(dtype: torch.dtype) -> tuple[list[dict], Callable[[], Any]]:
                               num_warps=warps)
 
     _, rs = norms.norm_forward(x, None, w, None, 1e-6, True, n)[2:]
+    _, _, ln_mean, ln_rstd = norms.norm_forward(x, None, w, b, 1e-5, False, n)
     dy = torch.randn_like(x)
+    v = 32000  # cross_entropy: decode-sized logits [m, v]
+    logits = torch.randn(m, v, device=dev, dtype=dtype)
+    target = torch.randint(0, v, (m,), device=dev)
+    ce_x2, ce_t, ce_stats = ce.ce_forward(logits, target, -100)
+    ce.ce_reduce(ce_stats, ce_t, "mean", dtype, -100)
+    one = torch.ones((), device=dev, dtype=dtype)
     return [
         {"op": "rms_norm", "shape": [m, n], "args": (x, w), "diff": (0, 1),
          "torch": lambda a, c: F.rms_norm(a, (n,), c, 1e-6), "hal": lambda a, c: H.rms_norm(a, (n,), c, 1e-6),
          "wrapper": lambda a, c: norms.rms_norm(a, (n,), c, 1e-6),
          "fwd_fn": lambda: norms.norm_forward(x, None, w, None, 1e-6, True, n),
-         "bwd_fn": lambda: norms.norm_backward(dy, x, w, False, None, rs, None, True, n),
+         "bwd_fn": lambda: norms.norm_backward(dy, x, w, None, None, rs, None, True, n),
          "launch": rms_launch, "direct": rms_direct,
          "empty": lambda: (torch.empty((m, n), dtype=dtype, device=dev), torch.empty(m, dtype=torch.float32, device=dev))},
         {"op": "layer_norm", "shape": [m, n], "args": (x, w, b), "diff": (0, 1, 2),
          "torch": lambda a, c, d: F.layer_norm(a, (n,), c, d, 1e-5),
          "hal": lambda a, c, d: H.layer_norm(a, (n,), c, d, 1e-5),
          "wrapper": lambda a, c, d: norms.layer_norm(a, (n,), c, d, 1e-5),
-         "fwd_fn": lambda: norms.norm_forward(x, None, w, b, 1e-5, False, n), "launch": ln_launch},
+         "fwd_fn": lambda: norms.norm_forward(x, None, w, b, 1e-5, False, n), "launch": ln_launch,
+         "bwd_fn": lambda: norms.norm_backward(dy, x, w, b, ln_mean, ln_rstd, None, False, n)},
+        {"op": "cross_entropy", "shape": [m, v], "args": (logits, target), "diff": (0,),
+         "torch": lambda a, t: F.cross_entropy(a, t), "hal": lambda a, t: H.cross_entropy(a, t),
+         "wrapper": lambda a, t: ce.cross_entropy(a, t),
+         "fwd_fn": lambda: ce.ce_reduce(ce.ce_forward(logits, target, -100)[2], ce_t, "mean", dtype, -100),
+         "bwd_fn": lambda: ce.ce_backward(ce_x2, ce_t, ce_stats, one, True, -100)},
         {"op": "softmax", "shape": [m, n], "args": (x,), "diff": (0,),
          "torch": lambda a: torch.softmax(a, -1), "hal": lambda a: H.softmax(a, -1),
          "wrapper": lambda a: sx.softmax(a, -1), "fwd_fn": lambda: sx.softmax_forward(x, False)},
@@ -169,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-ops", default="rms_norm,layer_norm,cross_entropy",
+                    help="ops whose wrapper --profile profiles (forward, and forward + backward)")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--via", default="bound,triton", help="launch paths to compare (launcher.MODES)")
     args = ap.parse_args(argv)
@@ -208,7 +223,7 @@ def main(argv=None) -> int:
             rec["torch autograd bwd"] = t(grad_unit(c["torch"], a, c["diff"], True))
             if "bwd_fn" in c:
                 rec["bwd_fn"] = t(c["bwd_fn"])
-            if args.profile and c["op"] == "rms_norm" and via == args.via.split(",")[0]:
+            if args.profile and c["op"] in args.profile_ops.split(",") and via == args.via.split(",")[0]:
                 with routing.using("triton"):
                     with torch.no_grad():
                         profiles[f"{c['op']} {dn} wrapper fwd"] = profile_text(functools.partial(c["wrapper"], *a), 500)

@@ -104,7 +104,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
     _, _, mean, rstd = norms.norm_forward(x, None, w, bias, 1e-6, is_rms, n)
 
     def ours(plan=None):
-        return norms.norm_backward(dy, x, w, not is_rms, mean, rstd, None, is_rms, n, plan=plan)
+        return norms.norm_backward(dy, x, w, bias, mean, rstd, None, is_rms, n, plan=plan)
 
     def grad_of(y, leaves):
         # its own copy of dy: Liger's rms_norm backward writes dx into its grad_output

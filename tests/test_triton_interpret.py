@@ -185,6 +185,7 @@ def case_norm_plans():
     import torch.nn.functional as F
     from hal.backends.cuda.kernels import _rows, norms
     _rows.set_sm_count(torch.device("cpu"), 4)
+    norms.PART_BLOCK_P = 2  # the partial sums' adding-up kernel loops over its rows (4-8 of them here)
     names = ["fused p1 w4", "fused p2 w4", "two-stage", "two-stage single w4", "two-stage looped w4"]
     for rows, n in ((7, 300), (37, 9000), (0, 300)):
         x, w, b, dy = (_rand(torch, (rows, n), 30, scale=2.0) + 0.5, _rand(torch, (n,), 31), _rand(torch, (n,), 32),
@@ -196,7 +197,7 @@ def case_norm_plans():
             plan = norms.plan_named(name, n)
             assert name == "two-stage" or plan.name == name, (name, plan)
             assert norms.plan_named(plan.name, n) == plan
-            dx, dw, db = norms.norm_backward(dy, x, w, True, mean, rstd, None, False, n, plan=plan)
+            dx, dw, db = norms.norm_backward(dy, x, w, b, mean, rstd, None, False, n, plan=plan)
             what = f"layer_norm bwd {rows}x{n} plan {name}"
             _close(torch, dx, xd.grad, torch.float32, what + " dx")
             _close(torch, dw, wd.grad, torch.float32, what + " dw", max(rows, 1))
@@ -318,6 +319,29 @@ def case_cross_entropy():
                     loss.backward(g)
                     ref.backward(g.double())
                     _close(torch, xk.grad, xd.grad, dtype, what + " dx")
+        # more rows than the reduction's one program takes per step (its loop: the step made small here), a third
+        # of them ignored, and a gradient that is not contiguous (an expanded scalar)
+        cross_entropy._REDUCE_BLOCK = 16
+        rows, v = 45, 17
+        x = _rand(torch, (rows, v), 24, scale=3.0)
+        t = torch.randint(0, v, (rows,), generator=torch.Generator().manual_seed(25))
+        t[::3] = 5
+        for reduction in ("mean", "sum", "none"):
+            (xk,), (xd,) = _leaves(torch, x)
+            loss = cross_entropy.cross_entropy(xk, t, ignore_index=5, reduction=reduction)
+            ref = F.cross_entropy(xd, t, ignore_index=5, reduction=reduction)
+            what = f"cross_entropy {rows}x{v} ignore_index=5 {reduction}"
+            _close(torch, loss, ref, torch.float32, what, 10.0)
+            g = torch.tensor(0.5).expand(ref.shape)
+            loss.backward(g)
+            ref.backward(g.double())
+            _close(torch, xk.grad, xd.grad, torch.float32, what + " dx")
+        # every row ignored: the mean is NaN (0 / 0, as torch's) and the gradient 0
+        (xk,), _ = _leaves(torch, x[:4])
+        loss = cross_entropy.cross_entropy(xk, torch.full((4,), 5), ignore_index=5)
+        assert torch.isnan(loss).item(), loss
+        loss.backward()
+        assert torch.equal(xk.grad, torch.zeros_like(xk)), xk.grad
     print("case cross_entropy ok")
 
 

@@ -331,7 +331,7 @@ def test_norm_backward_plans(k, dtype, n, kind):
         xc, wc = x.cuda(), w.cuda()
         _, _, mean, rstd = norms.norm_forward(xc, None, wc, bias, 1e-5, is_rms, n)
         poison()
-        dx, dw, db = norms.norm_backward(dy.cuda(), xc, wc, not is_rms, mean, rstd, None, is_rms, n, plan=plan)
+        dx, dw, db = norms.norm_backward(dy.cuda(), xc, wc, bias, mean, rstd, None, is_rms, n, plan=plan)
         xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
         bd = None if is_rms else b.double().requires_grad_()
         y = F.rms_norm(xd, (n,), wd, 1e-5) if is_rms else F.layer_norm(xd, (n,), wd, bd, 1e-5)

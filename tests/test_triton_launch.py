@@ -206,7 +206,7 @@ def _calls(dtype):
             for plan in (norms.bwd_plan(n, dtype, is_rms), norms.two_stage_plan(n)):
                 out.append((f"norm bwd rms={is_rms} fused={plan.fused} {rows}x{n}",
                             lambda dy=dy, h=h, x=x, w=w, bias=bias, mean=mean, rstd=rstd, is_rms=is_rms, plan=plan, n=n:
-                            norms.norm_backward(dy, h if is_rms else x, w, bias is not None, mean, rstd,
+                            norms.norm_backward(dy, h if is_rms else x, w, bias, mean, rstd,
                                                 dy if is_rms else None, is_rms, n, plan=plan)))
         out.append((f"softmax {rows}x{n}", lambda x=x: sx.softmax_forward(x, False)))
         out.append((f"log_softmax {rows}x{n}", lambda x=x: sx.softmax_forward(x, True)))
@@ -215,10 +215,19 @@ def _calls(dtype):
         out.append((f"silu_and_mul {rows}x{n}", lambda x=x: sm.silu_and_mul_forward(x)))
         out.append((f"silu_and_mul bwd {rows}x{n}", lambda x=x, dy=dy, n=n: sm.silu_and_mul_backward(dy[:, : n // 2], x)))
         t = torch.randint(0, n, (rows,), device="cuda", generator=g)
-        out.append((f"ce {rows}x{n}", lambda x=x, t=t: ce.ce_forward(x, t, -100)[2:]))
-        x2, t2, _, lse = ce.ce_forward(x, t, -100)
+        out.append((f"ce {rows}x{n}", lambda x=x, t=t: ce.ce_forward(x, t, -100)[2][:2 * rows]))
+        x2, t2, stats = ce.ce_forward(x, t, -100)
+        for red in ("mean", "sum"):
+            out.append((f"ce reduce {red} {rows}x{n}", lambda t2=t2, stats=stats, red=red:
+                        ce.ce_reduce(stats, t2, red, dtype, -100)))
         ones = torch.ones(rows, device="cuda")
-        out.append((f"ce bwd {rows}x{n}", lambda x2=x2, t2=t2, lse=lse, ones=ones: ce.ce_backward(x2, t2, lse, ones)))
+        one = torch.ones((), device="cuda", dtype=dtype)
+        out.append((f"ce bwd {rows}x{n}", lambda x2=x2, t2=t2, stats=stats, ones=ones:
+                    ce.ce_backward(x2, t2, stats, ones, False, -100)))
+        out.append((f"ce bwd scaled {rows}x{n}", lambda x2=x2, t2=t2, stats=stats, one=one:
+                    ce.ce_backward(x2, t2, stats, one, True, -100)))
+        out.append((f"ce bwd no grad {rows}x{n}", lambda x2=x2, t2=t2, stats=stats:
+                    ce.ce_backward(x2, t2, stats, None, False, -100)))
     return out
 
 

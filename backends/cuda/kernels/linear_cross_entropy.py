@@ -94,11 +94,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             logits = torch.nn.functional.linear(xc, weight, bias)
             if ce is not None:  # Triton: loss and lse in one pass, then the gradient over the logits in place
                 real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
-                _, tcc, row_loss, lse = ce.ce_forward(real, tc, ignore_index)
-                loss += row_loss.sum()
-                if want_x or want_w or want_b:
-                    g = vc.to(torch.float32) if scale is None else vc.to(torch.float32) * scale
-                    ce.ce_backward(real, tcc, lse, g, out=real)
+                _, tcc, stats = ce.ce_forward(real, tc, ignore_index)
+                loss += stats[: end - start].sum()
+                if want_x or want_w or want_b:  # the kernel masks ignored rows itself
+                    ce.ce_backward(real, tcc, stats, scale, False, ignore_index, out=real)
                     dl = logits
                     if want_x:
                         torch.mm(dl, weight, out=grad_x[start:end])

@@ -8,14 +8,17 @@ Backward: which kernels run is a :class:`BwdPlan` per norm, row width and dtype,
 H200 (:data:`BWD_TUNED`; untuned widths take :func:`default_bwd_plan`). The fused plan is one kernel:
 each of ``programs_per_sm * SMs`` programs computes the input gradient of a strip of rows, row by
 row, and the weight/bias gradients as partial sums over its strip (``[programs, N]`` float32, added
-up by one ``sum(0)``); wider rows take fewer programs per SM. The two-stage plan (layer_norm from
+up by ``_norm_part_sum``); wider rows take fewer programs per SM. The two-stage plan (layer_norm from
 16384 wide, every norm at 32768, where a row-wide float32 accumulator per program spills) takes two
 kernels: ``_norm_bwd_dx`` writes the input gradient, one row per program (the row in registers up
 to :data:`DX_SINGLE_MAX` elements by default and up to 16384 in the tuned layer_norm plans, else two
 passes over column tiles), and ``_norm_bwd_dwdb`` is
 column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to the SM count (about
 ``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its strip of rows for
-its columns into a ``[row groups, N]`` float32 buffer, then ``sum(0)``.
+its columns into a ``[row groups, N]`` float32 buffer. Either way one more kernel, ``_norm_part_sum``,
+adds up the partial sums column by column and writes dw (and db) in the weight's (and bias's) dtype and
+shape: one launch where ``sum(0)``, a cast and a view per gradient were three to five ops of host time
+(issue 23).
 
 The public wrappers (:func:`layer_norm`, :func:`rms_norm`, :func:`add_rms_norm`) take every call
 of their op: what the kernels do not take, or what :mod:`routing` sends to torch (small inputs, where
@@ -234,7 +237,33 @@ def _norm_bwd_dwdb(DY, X, Mean, Rstd, DWP, DBP, stride_dy, stride_x, M, N, rows_
         tl.store(DBP + group * N + cols, tl.sum(db, 0), mask=cmask)
 
 
+@triton.jit
+def _norm_part_sum(DWP, DBP, DW, DB, P, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_P: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """dw (db) = the ``[P, N]`` float32 partial sums added up over P, for BLOCK_N columns, in DW's (DB's) dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc_w = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        r = p0 + tl.arange(0, BLOCK_P)
+        m = (r < P)[:, None] & cmask[None, :]
+        off = r.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_W:
+            acc_w += tl.load(DWP + off, mask=m, other=0.0)
+        if HAS_B:
+            acc_b += tl.load(DBP + off, mask=m, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, tl.sum(acc_w, 0).to(DW.dtype.element_ty), mask=cmask)
+    if HAS_B:
+        tl.store(DB + cols, tl.sum(acc_b, 0).to(DB.dtype.element_ty), mask=cmask)
+
+
+#: the partial sums' tile per program and step: rows of partial sums, columns (a program per column tile)
+PART_BLOCK_P, PART_BLOCK_N = 128, 32
+
 _FWD, _BWD, _BWD_DX, _BWD_DWDB = Launcher(_norm_fwd), Launcher(_norm_bwd), Launcher(_norm_bwd_dx), Launcher(_norm_bwd_dwdb)
+_PART_SUM = Launcher(_norm_part_sum)
 
 #: launch parameters per row width (computed once per N): forward (block, warps); backward below
 _fwd_params: dict = {}
@@ -404,10 +433,9 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int, st
     return y, h, mean, rstd
 
 
-def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n: int,
-                  plan: Optional[BwdPlan] = None):
-    """Returns ``(dx, dw, db)`` (dw/db None when absent, float32 dw/db cast to the weight's dtype
-    or, for db without a weight, x's); ``dh`` is the extra gradient into ``h`` (added to dx).
+def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, plan: Optional[BwdPlan] = None):
+    """Returns ``(dx, dw, db)``: dw (db) None without a weight (bias), else in the weight's (bias's) dtype and
+    shape (``bias`` is read for those only); ``dh`` is the extra gradient into ``h`` (added to dx).
     ``plan`` (default :func:`bwd_plan`'s for ``n``, x's dtype and the norm) says which kernels run."""
     dy2 = as_rows(dy if dy.shape[-1] == n else dy.reshape(-1, n))
     x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
@@ -415,7 +443,7 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
     rows = x2.shape[0]
     dev = x.device
     dx = torch.empty((rows, n), dtype=x.dtype, device=dev)
-    has_w = weight is not None
+    has_w, has_bias = weight is not None, bias is not None
     w = _flat(weight)
     plan = plan or bwd_plan(n, x.dtype, is_rms)
     mean_ = rstd if mean is None else mean
@@ -454,8 +482,17 @@ def norm_backward(dy, x, weight, has_bias: bool, mean, rstd, dh, is_rms: bool, n
             _BWD_DWDB((-(-n // DW_BLOCK_N), groups, 1), key, args,
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                            num_warps=8))
-    dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if dw_part is not None else None
-    db = db_part.sum(0).to(weight.dtype if has_w else x.dtype) if db_part is not None else None
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if has_w else None
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=dev) if has_bias else None
+    if has_w or has_bias:
+        part = dw_part if has_w else db_part
+        args = (part, part if db_part is None else db_part, part if dw is None else dw, part if db is None else db,
+                part.shape[0], n)
+        # dw, db and the partial sums: ours (allocated here, contiguous and aligned)
+        key = (x2.get_device(), None if dw is None else dw.dtype, None if db is None else db.dtype,
+               int_class(part.shape[0]), n)
+        _PART_SUM((-(-n // PART_BLOCK_N), 1, 1), key, args,
+                  dict(HAS_W=has_w, HAS_B=has_bias, BLOCK_P=PART_BLOCK_P, BLOCK_N=PART_BLOCK_N, num_warps=4))
     return (dx if x.dim() == 2 and x.shape[1] == n else dx.view(x.shape)), dw, db
 
 
@@ -463,17 +500,14 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, n):  # type: ignore[override]
         y, _, mean, rstd = norm_forward(x, None, weight, bias, eps, False, n)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.n, ctx.has_bias, ctx.bias_shape = n, bias is not None, None if bias is None else bias.shape
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(x, weight, bias, mean, rstd)  # bias: its dtype and shape, for db
+        ctx.n = n
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = norm_backward(dy, x, weight, ctx.has_bias, mean, rstd, None, False, ctx.n)
-        if db is not None:
-            db = db.to(ctx.bias_dtype).view(ctx.bias_shape)
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, None, False, ctx.n)
         return dx, dw, db, None, None
 
 
@@ -490,7 +524,7 @@ class RmsNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dh=None):  # type: ignore[override]
         h, weight, rstd = ctx.saved_tensors
-        dx, dw, _ = norm_backward(dy, h, weight, False, None, rstd, dh if ctx.has_res else None, True, ctx.n)
+        dx, dw, _ = norm_backward(dy, h, weight, None, None, rstd, dh if ctx.has_res else None, True, ctx.n)
         return dx, (dx if ctx.has_res else None), dw, None, None
 
 
