@@ -215,7 +215,7 @@ def _calls(dtype):
         out.append((f"silu_and_mul {rows}x{n}", lambda x=x: sm.silu_and_mul_forward(x)))
         out.append((f"silu_and_mul bwd {rows}x{n}", lambda x=x, dy=dy, n=n: sm.silu_and_mul_backward(dy[:, : n // 2], x)))
         t = torch.randint(0, n, (rows,), device="cuda", generator=g)
-        out.append((f"ce {rows}x{n}", lambda x=x, t=t: ce.ce_forward(x, t, -100)[2][:2 * rows]))
+        out.append((f"ce {rows}x{n}", lambda x=x, t=t, rows=rows: ce.ce_forward(x, t, -100)[2][:2 * rows]))
         x2, t2, stats = ce.ce_forward(x, t, -100)
         for red in ("mean", "sum"):
             out.append((f"ce reduce {red} {rows}x{n}", lambda t2=t2, stats=stats, red=red:
