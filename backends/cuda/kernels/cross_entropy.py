@@ -65,8 +65,10 @@ def _ce_fwd(X, T, Stats, stride_x, V, M, ignore_index, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _ce_partial(X, Pm, Ps, stride_x, V, NCH, BLOCK: tl.constexpr):
-    """Max and sum(exp(x - max)) of one chunk of one row."""
+def _ce_partial(X, P, stride_x, V, M, NCH, BLOCK: tl.constexpr):
+    """Max and sum(exp(x - max)) of one chunk of one row, into the ``[M, NCH]`` maxima at ``P`` and the sums
+    after them."""
+    Pm, Ps = P, P + M * NCH
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -78,7 +80,8 @@ def _ce_partial(X, Pm, Ps, stride_x, V, NCH, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _ce_combine(X, T, Pm, Ps, Stats, stride_x, V, M, NCH, ignore_index, CB: tl.constexpr):
+def _ce_combine(X, T, P, Stats, stride_x, V, M, NCH, ignore_index, CB: tl.constexpr):
+    Pm, Ps = P, P + M * NCH
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, CB)
     pm = tl.load(Pm + row * NCH + k, mask=k < NCH, other=-float("inf"))
@@ -166,13 +169,12 @@ def ce_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
         _FWD((rows, 1, 1), None if base is None else base + (block,), (x2, t, stats, x2.stride(0), v, rows, ignore),
              dict(BLOCK=block, num_warps=num_warps_for(block)))
     else:
-        nch = triton.cdiv(v, chunk)
-        part = torch.empty((2, rows, nch), dtype=torch.float32, device=logits.device)
-        pm, ps = part.unbind(0)
+        nch = -(-v // chunk)
+        part = torch.empty(2 * rows * nch, dtype=torch.float32, device=logits.device)  # the chunks' maxima, then sums
         key = None if base is None else base + (chunk, nch)
-        _PARTIAL((rows, nch, 1), key, (x2, pm, ps, x2.stride(0), v, nch),
+        _PARTIAL((rows, nch, 1), key, (x2, part, x2.stride(0), v, rows, nch),
                  dict(BLOCK=chunk, num_warps=num_warps_for(chunk)))
-        _COMBINE((rows, 1, 1), key, (x2, t, pm, ps, stats, x2.stride(0), v, rows, nch, ignore),
+        _COMBINE((rows, 1, 1), key, (x2, t, part, stats, x2.stride(0), v, rows, nch, ignore),
                  dict(CB=max(16, next_power_of_2(nch)), num_warps=1))
     return x2, t, stats
 
@@ -209,7 +211,7 @@ def ce_backward(x2, t, stats, grad: Optional[torch.Tensor], scaled: bool, ignore
         args = (x2, t, stats, g, dx, x2.stride(0), dx.stride(0), stride_g, v, rows, ignore)
         key = (x2.get_device(), x2.dtype, t.dtype, g.dtype, dx.dtype, block, has_g, scaled) + args[5:] \
             if aligned(x2, t, g, dx) else None  # stats: ours
-        _BWD((rows, triton.cdiv(v, block), 1), key, args,
+        _BWD((rows, -(-v // block), 1), key, args,
              dict(HAS_G=has_g, HAS_S=scaled, BLOCK=block, num_warps=num_warps_for(block)))
     return dx
 

@@ -67,7 +67,7 @@ def silu_and_mul_forward(x: torch.Tensor) -> torch.Tensor:
         args = (x2, y, x2.stride(0), y.stride(0), d)
         # the launch key (launcher's contract): device, dtype, int arguments (the block follows from d)
         key = (x2.get_device(), x2.dtype) + args[2:] if aligned(x2) else None  # y: ours
-        _FWD((rows, triton.cdiv(d, block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
+        _FWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
     return y.view(*x.shape[:-1], d)
 
 
@@ -80,7 +80,7 @@ def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if rows and d:
         args = (dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d)
         key = (x2.get_device(), dy2.dtype, x2.dtype) + args[3:] if aligned(dy2, x2) else None  # dx: ours
-        _BWD((rows, triton.cdiv(d, block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
+        _BWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
     return dx.view(x.shape)
 
 
