@@ -39,13 +39,16 @@ Modes (one per run):
   ``{"measured", "default", "ops": {op: {dtype: {"infer": min_numel, "train": min_numel}}}}`` (the
   format :mod:`hal.backends.cuda.kernels.routing` reads from ``HAL_CUDA_ROUTING``): the smallest
   measured numel from which Triton is at least as fast as torch at every larger measured size
-  (0: at every size; null: at no size, route to torch), with the raw timings under ``"sweep"``.
+  (0: at every size; null: at no size, route to torch), with the raw timings under ``"sweep"``. The whole
+  sweep runs ``--sweeps`` times (default 3), one after the other, and each point is decided on the medians of
+  its runs (``triton_us``, ``torch_us``; every run in ``*_us_runs``): one sweep moved thresholds by a row step
+  either way, a slow stretch of the host falling on a few points (reports/cuda/README.md, 2026-12-03).
 
 ``--device cpu`` runs the same code with tiny shapes and host timers (a dry run proving the script
 end to end; liger and compile columns null). Prints a tabulate table and writes ``--json``
 (rewritten after every kernel, ``"complete": false`` until the end).
 
-Usage:  python benchmarks/bench_kernels.py [--eager|--graphs|--raw-triton] --json out.json
+Usage:  python benchmarks/bench_kernels.py [--eager|--graphs|--raw-triton [--sweeps 3]] --json out.json
         [--dtypes float32,bfloat16] [--kernels softmax,...] [--sizes small,medium,large] [--device cpu]
 Exit status: 0 ok, 2 no CUDA device (one line on stderr).
 """
@@ -582,49 +585,67 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
     # routing.py's table format; ops the sweep does not cover keep the shipped table's default
     doc = {"measured": f"{environment(device)}; wall time per call (events around back-to-back calls), "
                        "triton kernel (routing forced to it) vs torch eager, side by side; train: forward + backward, "
-                       f"{TRAIN_CALLS} calls per torch.autograd.grad up to {TRAIN_CHAIN_MAX_NUMEL} elements",
+                       f"{TRAIN_CALLS} calls per torch.autograd.grad up to {TRAIN_CHAIN_MAX_NUMEL} elements; "
+                       f"{args.sweeps} whole sweeps one after the other, each point's times the medians over them",
            "default": routing.table()["thresholds"].get("softmax/float32/infer"), "ops": table, "sweep": sweep}
+    kernels: dict = {}
     with routing.using("triton"):  # the kernels themselves, whatever the shipped table says
         for op in [o for o in args.kernels if o in routing.OPS]:  # the ops the routing table decides
             try:
-                kern, _pred = load(op)
+                kernels[op] = load(op)[0]
             except Exception as exc:
                 doc.setdefault("errors", {})[op] = f"{type(exc).__name__}: {exc}"
-                continue
-            width = SWEEP_WIDTH[key].get(op, SWEEP_WIDTH[key][None])
-            for dtype in args.dtypes:
-                dn = str(dtype).replace("torch.", "")
-                for mode in ("infer", "train"):
-                    points = []
-                    for rows in SWEEP_ROWS[key]:
-                        rec = {"op": op, "dtype": dn, "mode": mode, "rows": rows, "width": width, "numel": rows * width}
-                        try:
-                            inputs, diff, call, tfn = _sweep_args(op, rows, width, dtype, device)
-                            case = Case(op, (rows, width), lambda: inputs, diff, None, None, None, 0, 0)
-
-                            def tri(*a, _k=kern, _c=call):
-                                return _c(_k, *a)
-                            calls = 1 if mode == "infer" or rows * width > TRAIN_CHAIN_MAX_NUMEL else TRAIN_CALLS
-                            rec["calls_per_unit"] = calls
-                            units = [runner(fn, inputs, case, "fwd") if mode == "infer"
-                                     else train_unit(fn, inputs, diff, calls) for fn in (tri, tfn)]
-                            # side by side (rounds alternating), as the eager table's small rows
-                            tri_us, tor_us, _ = timer.wall_pair(*units, rounds=SWEEP_ROUNDS)
-                            rec["triton_us"], rec["torch_us"] = tri_us / calls, tor_us / calls
-                            del units
-                        except Exception as exc:
-                            rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                        sweep.append(rec)
-                        points.append((rec["numel"], rec.get("triton_us"), rec.get("torch_us")))
-                        print(f"raw {op:14s} {dn:8s} {mode:5s} rows {rows:6d} triton {_f(rec.get('triton_us'))} "
-                              f"torch {_f(rec.get('torch_us'))} us" + (f" {rec['error']}" if "error" in rec else ""),
-                              flush=True)
-                    table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(points)
-            _write(args.json, doc)
+        points: dict = {}  # (op, dtype, mode, rows) -> the record, its times a list per sweep
+        for rep in range(args.sweeps):  # whole sweeps in turn: a slow stretch of the host hits one sweep's points
+            for op, kern in kernels.items():
+                width = SWEEP_WIDTH[key].get(op, SWEEP_WIDTH[key][None])
+                for dtype in args.dtypes:
+                    dn = str(dtype).replace("torch.", "")
+                    for mode in ("infer", "train"):
+                        for rows in SWEEP_ROWS[key]:
+                            rec = points.setdefault((op, dn, mode, rows), {
+                                "op": op, "dtype": dn, "mode": mode, "rows": rows, "width": width,
+                                "numel": rows * width, "triton_us_runs": [], "torch_us_runs": []})
+                            _sweep_point(rec, kern, dtype, device, timer)
+                            print(f"raw {rep} {op:14s} {dn:8s} {mode:5s} rows {rows:6d} "
+                                  f"triton {_f(rec['triton_us_runs'][-1] if rec['triton_us_runs'] else None)} "
+                                  f"torch {_f(rec['torch_us_runs'][-1] if rec['torch_us_runs'] else None)} us"
+                                  + (f" {rec['error']}" if "error" in rec else ""), flush=True)
+        by_case: dict = {}
+        for (op, dn, mode, _rows), rec in points.items():
+            for side in ("triton", "torch"):
+                runs = rec[f"{side}_us_runs"]
+                rec[f"{side}_us"] = statistics.median(runs) if runs else None
+            sweep.append(rec)
+            by_case.setdefault((op, dn, mode), []).append((rec["numel"], rec["triton_us"], rec["torch_us"]))
+        for (op, dn, mode), pts in by_case.items():
+            table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(pts)
     _write(args.json, doc)
     print(tabulate([[op, dn, m["infer"], m["train"]] for op, d in table.items() for dn, m in d.items()],
                    headers=["op", "dtype", "infer min numel", "train min numel"]))
     return doc
+
+
+def _sweep_point(rec: dict, kern: Callable, dtype: torch.dtype, device: torch.device, timer: "Timer") -> None:
+    """One side-by-side timing of the kernel and torch at ``rec``'s point, appended to its ``*_us_runs`` (an
+    error is kept in ``rec["error"]``)."""
+    op, mode, rows, width = rec["op"], rec["mode"], rec["rows"], rec["width"]
+    try:
+        inputs, diff, call, tfn = _sweep_args(op, rows, width, dtype, device)
+        case = Case(op, (rows, width), lambda: inputs, diff, None, None, None, 0, 0)
+
+        def tri(*a, _k=kern, _c=call):
+            return _c(_k, *a)
+        calls = 1 if mode == "infer" or rows * width > TRAIN_CHAIN_MAX_NUMEL else TRAIN_CALLS
+        rec["calls_per_unit"] = calls
+        units = [runner(fn, inputs, case, "fwd") if mode == "infer" else train_unit(fn, inputs, diff, calls)
+                 for fn in (tri, tfn)]
+        # side by side (rounds alternating), as the eager table's small rows
+        tri_us, tor_us, _ = timer.wall_pair(*units, rounds=SWEEP_ROUNDS)
+        rec["triton_us_runs"].append(tri_us / calls)
+        rec["torch_us_runs"].append(tor_us / calls)
+    except Exception as exc:
+        rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 # ---- CUDA-graph mode (GPU time, forward) -------------------------------------------------------------------
@@ -684,6 +705,7 @@ def parse(argv=None) -> argparse.Namespace:
                       help="Triton kernels vs torch over a size sweep -> routing table")
     p.set_defaults(mode="eager")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--sweeps", type=int, default=3, help="--raw-triton: whole sweeps; each point's median decides")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a tiny dry run")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--kernels", default=",".join(KERNELS))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23 on one H200, in one command (the steps' limits add up to 1050 s + install): GPU correctness
+# Issue 23 on one H200, in one command (the steps' limits add up to 1110 s + install): GPU correctness
 # tests of the Triton kernels and the fused linear + cross-entropy, the raw Triton-vs-torch sweep ->
 # routing table, the eager kernel benchmark (hal / torch / Liger / torch.compile, fwd + bwd) routed by
 # that table, gpt2-small bf16 training through hal.ops vs torch eager vs torch.compile, and the kernel
@@ -49,7 +49,7 @@ fi
 ROUTING=backends/cuda/kernels/routing.json
 if want sweep; then
 step "raw Triton sweep -> routing table"
-run 180 $PY benchmarks/bench_kernels.py --raw-triton --json "$OUT/routing.json" && ROUTING=$OUT/routing.json
+run 240 $PY benchmarks/bench_kernels.py --raw-triton --sweeps 3 --json "$OUT/routing.json" && ROUTING=$OUT/routing.json
 fi
 
 if want dispatch; then

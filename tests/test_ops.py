@@ -1,6 +1,7 @@
 """hal.ops: torch semantics for every op, registry resolution with reasons, fallback policy and log."""
 from __future__ import annotations
 
+import importlib.util
 import threading
 import warnings
 
@@ -239,6 +240,30 @@ def test_bench_kernels_and_e2e_cpu_dry_runs(tmp_path):
         h = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=root, capture_output=True,
                            text=True, timeout=120)
         assert h.returncode == 0 and "--device" in h.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not importable: the raw sweep loads "
+                    "the kernel modules")
+def test_bench_raw_sweep_decides_on_the_median_of_whole_sweeps(tmp_path):
+    import json
+    import statistics
+    import subprocess
+    import sys
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "benchmarks/bench_kernels.py", "--raw-triton", "--device", "cpu", "--sweeps", "3",
+                        "--kernels", "softmax", "--dtypes", "float32", "--json", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert len(doc["sweep"]) == 2 * 3  # two modes, three row counts on the CPU
+    for p in doc["sweep"]:
+        assert len(p["triton_us_runs"]) == len(p["torch_us_runs"]) == 3
+        assert p["triton_us"] == statistics.median(p["triton_us_runs"])
+        assert p["torch_us"] == statistics.median(p["torch_us_runs"])
+    for mode in ("infer", "train"):
+        pts = [(p["numel"], p["triton_us"], p["torch_us"]) for p in doc["sweep"] if p["mode"] == mode]
+        assert doc["ops"]["softmax"]["float32"][mode] == _bench_module().min_numel(pts)
 
 
 def _kernel_wrapper_parameters() -> dict:

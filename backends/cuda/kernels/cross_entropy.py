@@ -209,8 +209,8 @@ def ce_backward(x2, t, stats, grad: Optional[torch.Tensor], scaled: bool, ignore
         stride_g = g.stride(0) if has_g and g.dim() else 0
         ignore = int(ignore_index)
         args = (x2, t, stats, g, dx, x2.stride(0), dx.stride(0), stride_g, v, rows, ignore)
-        key = (x2.get_device(), x2.dtype, t.dtype, g.dtype, dx.dtype, block, has_g, scaled) + args[5:] \
-            if aligned(x2, t, g, dx) else None  # stats: ours
+        key = (x2.get_device(), x2.dtype, t.dtype, g.dtype, dx.dtype, block, has_g, scaled) + args[5:9] \
+            + (int_class(rows), ignore) if aligned(x2, t, g, dx) else None  # stats: ours
         _BWD((rows, -(-v // block), 1), key, args,
              dict(HAS_G=has_g, HAS_S=scaled, BLOCK=block, num_warps=num_warps_for(block)))
     return dx
