@@ -1,6 +1,7 @@
 """Tune the Triton norm backward (``hal.backends.cuda.kernels.norms.norm_backward``) on a GPU: GPU time
 of every plan (:class:`~hal.backends.cuda.kernels.norms.BwdPlan`) at each row width, beside torch's and
-Liger-Kernel's backward, for layer_norm (with a bias) and rms_norm, float32 and bfloat16.
+Liger-Kernel's backward, for layer_norm (with a bias), rms_norm and add_rms_norm (rms_norm's backward plus the
+gradient flowing into the sum), float32 and bfloat16 (``--ops`` picks).
 
 Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db), its dx row held in
 registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
@@ -17,6 +18,7 @@ geometric mean of time / best time over the shapes of that block: the ``BWD_TUNE
 JSON's ``tuned`` field (``{"rms_norm/float32/16384": "fused p1 w32", ...}``).
 
 Usage:  python benchmarks/tune_norm_bwd.py --json out.json [--dtypes float32,bfloat16] [--quick]
+        [--ops layer_norm,rms_norm,add_rms_norm] [--widths 16384,...]
 Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
@@ -64,18 +66,24 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv=None) -> int:
-    start = tuning_start("tune_norm_bwd", __doc__, QUICK, argv)
+    import argparse
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--ops", default="layer_norm,rms_norm,add_rms_norm")
+    pre.add_argument("--widths", default="", help="only the shapes of these row widths (comma-separated)")
+    own, rest = pre.parse_known_args(argv)
+    start = tuning_start("tune_norm_bwd", __doc__, QUICK, rest)
     if start == 2:
         return 2
     args, timer, LF = start
+    widths = {int(w) for w in own.widths.split(",") if w}
     from tabulate import tabulate
 
     rows_out: list[dict] = []
     summary = []
     for dn in args.dtypes.split(","):
         dtype = getattr(torch, dn)
-        for m, n in (QUICK if args.quick else SHAPES):
-            for op in ("layer_norm", "rms_norm"):
+        for m, n in [(m, n) for m, n in (QUICK if args.quick else SHAPES) if not widths or n in widths]:
+            for op in own.ops.split(","):
                 rec = case(op, dtype, m, n, timer, LF)
                 rows_out.append(rec)
                 ok = rec["plans"][rec["best"]]["us"]
@@ -96,30 +104,35 @@ def main(argv=None) -> int:
 def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
     """One (op, dtype, shape): torch's, Liger's, the shipped plan's and every plan's GPU time."""
     from hal.backends.cuda.kernels import norms
+    from hal.ops import torch_impl
     dev = torch.device("cuda")
-    is_rms = op == "rms_norm"
-    x, dy = (torch.randn(m, n, device=dev, dtype=dtype) for _ in range(2))
+    add = op == "add_rms_norm"
+    is_rms = add or op == "rms_norm"
+    x, dy, r, dh = (torch.randn(m, n, device=dev, dtype=dtype) for _ in range(4))
     w, b = (torch.randn(n, device=dev, dtype=dtype) for _ in range(2))
     bias = None if is_rms else b
-    _, _, mean, rstd = norms.norm_forward(x, None, w, bias, 1e-6, is_rms, n)
+    _, h, mean, rstd = norms.norm_forward(x, r if add else None, w, bias, 1e-6, is_rms, n)
 
     def ours(plan=None):
-        return norms.norm_backward(dy, x, w, bias, mean, rstd, None, is_rms, n, plan=plan)
+        return norms.norm_backward(dy, h if add else x, w, bias, mean, rstd, dh if add else None, is_rms, n, plan=plan)
 
-    def grad_of(y, leaves):
-        # its own copy of dy: Liger's rms_norm backward writes dx into its grad_output
-        g = dy.clone()
-        return lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)
+    def grad_of(outs, leaves):
+        # their own copies of the gradients: Liger's rms_norm backward writes dx into its grad_output
+        gos = [g.clone() for g in ((dy, dh) if add else (dy,))]
+        return lambda: torch.autograd.grad(outs, leaves, gos, retain_graph=True)
     ref = ours()
-    leaves = [t.detach().requires_grad_() for t in ((x, w) if is_rms else (x, w, b))]
-    if is_rms:
+    leaves = [t.detach().requires_grad_() for t in ((x, r, w) if add else (x, w) if is_rms else (x, w, b))]
+    if add:
+        yt = torch_impl.add_rms_norm(leaves[0], leaves[1], (n,), leaves[2], 1e-6)
+    elif is_rms:
         yt = F.rms_norm(leaves[0], (n,), leaves[1], 1e-6)
     else:
         yt = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-6)
     rec = {"op": op, "dtype": dtype_name(dtype), "shape": [m, n],
            "torch_us": timer.device_time(grad_of(yt, leaves)), "liger_us": None}
     if LF is not None:
-        yl = (LF.liger_rms_norm(leaves[0], leaves[1], 1e-6) if is_rms
+        yl = (LF.liger_fused_add_rms_norm(leaves[0], leaves[1], leaves[2], 1e-6) if add
+              else LF.liger_rms_norm(leaves[0], leaves[1], 1e-6) if is_rms
               else LF.liger_layer_norm(leaves[0], leaves[1], leaves[2], 1e-6))
         rec["liger_us"] = timer.device_time(grad_of(yl, leaves))
     rec["plans"] = {}
@@ -135,7 +148,7 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
         raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within {REL_ERR_OK:.0%} of the shipped plan's result: "
                            + json.dumps(rec["plans"])[:2000])
     rec["best"] = min(ok, key=ok.get)
-    rec["shipped"] = norms.bwd_plan(n, dtype, is_rms).name
+    rec["shipped"] = norms.bwd_plan(n, dtype, is_rms, add).name
     rec["shipped_us"] = timer.device_time(ours)
     return rec
 

@@ -208,6 +208,16 @@ def case_norm_plans():
         except ValueError:
             continue
         raise AssertionError(f"plan_named accepted {bad!r}")
+    # add_rms_norm's backward (a dh) takes its own tuned entry where it has one, else rms_norm's
+    block = norms.next_power_of_2(300)
+    norms.BWD_TUNED[("rms_norm", "float32", block)] = "fused p2 w4"
+    norms.BWD_TUNED[("add_rms_norm", "float32", block)] = "two-stage"
+    norms._bwd_params.clear()
+    assert norms.bwd_plan(300, torch.float32, True).name == "fused p2 w4"
+    assert norms.bwd_plan(300, torch.float32, True, has_dh=True) == norms.two_stage_plan(300)
+    del norms.BWD_TUNED[("add_rms_norm", "float32", block)]
+    norms._bwd_params.clear()
+    assert norms.bwd_plan(300, torch.float32, True, has_dh=True).name == "fused p2 w4"
     print("case norm_plans ok")
 
 

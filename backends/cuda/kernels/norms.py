@@ -327,7 +327,7 @@ def plan_named(name: str, n: int) -> BwdPlan:
 #: measured on the H200 (benchmarks/tune_norm_bwd.py, reports/cuda/tune_norm_bwd.json): per
 #: (norm, dtype, row block), the name of the fastest plan (:func:`plan_named`). Fewer programs as rows
 #: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
-#: rms_norm's entries serve add_rms_norm too (the same kernel plus dh).
+#: rms_norm's entries serve add_rms_norm (the same kernel plus dh) where it has none of its own.
 BWD_TUNED: dict = {
     ("layer_norm", "float32", 1024): "fused p8 w4",
     ("rms_norm", "float32", 1024): "fused p8 w4",
@@ -368,12 +368,16 @@ def two_stage_plan(n: int) -> BwdPlan:
     return BwdPlan(False, DX_TILE, False, num_warps_for(DX_TILE))
 
 
-def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool) -> BwdPlan:
-    """The plan for rows of ``n`` elements of ``dtype`` (cached): :data:`BWD_TUNED`'s where it has one."""
-    key = (n, dtype, is_rms, num_warps_for)
+def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool, has_dh: bool = False) -> BwdPlan:
+    """The plan for rows of ``n`` elements of ``dtype`` (cached): :data:`BWD_TUNED`'s where it has one (with
+    ``has_dh``, add_rms_norm's backward, its own entry first, then rms_norm's)."""
+    key = (n, dtype, is_rms, has_dh, num_warps_for)
     p = _bwd_params.get(key)
     if p is None:
-        name = BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", dtype_name(dtype), next_power_of_2(n)))
+        dn, block = dtype_name(dtype), next_power_of_2(n)
+        name = BWD_TUNED.get(("add_rms_norm", dn, block)) if has_dh else None
+        if name is None:
+            name = BWD_TUNED.get(("rms_norm" if is_rms else "layer_norm", dn, block))
         p = _bwd_params[key] = default_bwd_plan(n) if name is None else plan_named(name, n)
     return p
 
@@ -445,7 +449,7 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
     dx = torch.empty((rows, n), dtype=x.dtype, device=dev)
     has_w, has_bias = weight is not None, bias is not None
     w = _flat(weight)
-    plan = plan or bwd_plan(n, x.dtype, is_rms)
+    plan = plan or bwd_plan(n, x.dtype, is_rms, dh is not None)
     mean_ = rstd if mean is None else mean
     w_ = x2 if w is None else w
     dh_ = dy2 if dh2 is None else dh2
