@@ -327,7 +327,8 @@ def plan_named(name: str, n: int) -> BwdPlan:
 #: measured on the H200 (benchmarks/tune_norm_bwd.py, reports/cuda/tune_norm_bwd.json): per
 #: (norm, dtype, row block), the name of the fastest plan (:func:`plan_named`). Fewer programs as rows
 #: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
-#: rms_norm's entries serve add_rms_norm (the same kernel plus dh) where it has none of its own.
+#: add_rms_norm (the same kernel plus dh) has its own entries, tuned with that extra gradient; rms_norm's serve it
+#: where it has none.
 BWD_TUNED: dict = {
     ("layer_norm", "float32", 1024): "fused p8 w4",
     ("rms_norm", "float32", 1024): "fused p8 w4",
@@ -349,6 +350,18 @@ BWD_TUNED: dict = {
     ("rms_norm", "bfloat16", 16384): "fused p1 w16",
     ("layer_norm", "bfloat16", 32768): "two-stage",
     ("rms_norm", "bfloat16", 32768): "two-stage",
+    # add_rms_norm (reports/cuda/tune_add_rms_bwd.json, b2568f4): at 16384 wide rms_norm's plans, and no plan
+    # reaches Liger's fused_add_rms_norm there (fp32 1298 vs 1108 us, bf16 654 vs 620 at 16384 x 16384)
+    ("add_rms_norm", "float32", 1024): "fused p4 w8",
+    ("add_rms_norm", "float32", 4096): "fused p2 w8",
+    ("add_rms_norm", "float32", 8192): "fused p2 w16",
+    ("add_rms_norm", "float32", 16384): "fused p1 w32",
+    ("add_rms_norm", "float32", 32768): "two-stage",
+    ("add_rms_norm", "bfloat16", 1024): "fused p4 w8",
+    ("add_rms_norm", "bfloat16", 4096): "fused p2 w16",
+    ("add_rms_norm", "bfloat16", 8192): "fused p1 w8",
+    ("add_rms_norm", "bfloat16", 16384): "fused p1 w16",
+    ("add_rms_norm", "bfloat16", 32768): "two-stage",
 }
 
 
