@@ -350,7 +350,7 @@ BWD_TUNED: dict = {
     ("rms_norm", "bfloat16", 16384): "fused p1 w16",
     ("layer_norm", "bfloat16", 32768): "two-stage",
     ("rms_norm", "bfloat16", 32768): "two-stage",
-    # add_rms_norm (reports/cuda/tune_add_rms_bwd.json, b2568f4): at 16384 wide rms_norm's plans, and no plan
+    # add_rms_norm (reports/cuda/tune_norm_bwd-add_rms_norm.json, b2568f4): at 16384 wide rms_norm's plans, and no plan
     # reaches Liger's fused_add_rms_norm there (fp32 1298 vs 1108 us, bf16 654 vs 620 at 16384 x 16384)
     ("add_rms_norm", "float32", 1024): "fused p4 w8",
     ("add_rms_norm", "float32", 4096): "fused p2 w8",
