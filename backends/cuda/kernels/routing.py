@@ -13,8 +13,6 @@ special values of that variable need no file: ``triton`` (every call the kernels
 kernel) and ``torch`` (every call goes to torch). Table format::
 
     {"measured": "<where the figures come from>",
-     "sweeps": {"<op>": "<report>", "default": "<report>"},  # optional, not read here: the sweep each op's
-                                                  # thresholds were taken from (the tests check they match)
      "default": <elements>,                       # any op/dtype/mode not listed
      "ops": {"rms_norm": {"default": <elements>,  # optional per op
                           "bfloat16": {"infer": <elements>, "train": <elements>}, ...}, ...}}
