@@ -611,19 +611,27 @@ def raw_triton(args: argparse.Namespace, device: torch.device) -> dict:
                                   f"triton {_f(rec['triton_us_runs'][-1] if rec['triton_us_runs'] else None)} "
                                   f"torch {_f(rec['torch_us_runs'][-1] if rec['torch_us_runs'] else None)} us"
                                   + (f" {rec['error']}" if "error" in rec else ""), flush=True)
-        by_case: dict = {}
-        for (op, dn, mode, _rows), rec in points.items():
-            for side in ("triton", "torch"):
-                runs = rec[f"{side}_us_runs"]
-                rec[f"{side}_us"] = statistics.median(runs) if runs else None
-            sweep.append(rec)
-            by_case.setdefault((op, dn, mode), []).append((rec["numel"], rec["triton_us"], rec["torch_us"]))
-        for (op, dn, mode), pts in by_case.items():
-            table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(pts)
-    _write(args.json, doc)
+                _decide(points, sweep, table)  # on the runs so far: a time limit keeps what was measured
+                _write(args.json, doc)
     print(tabulate([[op, dn, m["infer"], m["train"]] for op, d in table.items() for dn, m in d.items()],
                    headers=["op", "dtype", "infer min numel", "train min numel"]))
     return doc
+
+
+def _decide(points: dict, sweep: list, table: dict) -> None:
+    """Refill ``sweep`` (the records) and ``table`` (the thresholds) from ``points``: each point's times are the
+    medians of its runs so far, each (op, dtype, mode)'s threshold :func:`min_numel` of those."""
+    sweep.clear()
+    table.clear()
+    by_case: dict = {}
+    for (op, dn, mode, _rows), rec in points.items():
+        for side in ("triton", "torch"):
+            runs = rec[f"{side}_us_runs"]
+            rec[f"{side}_us"] = statistics.median(runs) if runs else None
+        sweep.append(rec)
+        by_case.setdefault((op, dn, mode), []).append((rec["numel"], rec["triton_us"], rec["torch_us"]))
+    for (op, dn, mode), pts in by_case.items():
+        table.setdefault(op, {}).setdefault(dn, {})[mode] = min_numel(pts)
 
 
 def _sweep_point(rec: dict, kern: Callable, dtype: torch.dtype, device: torch.device, timer: "Timer") -> None:
@@ -725,14 +733,17 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
-def tuning_start(prog: str, doc: str, quick: tuple, argv=None):
-    """The tuning scripts' shared start: their options (``--json``, ``--dtypes``, ``--quick``), then the GPU
-    check. Returns ``(args, timer, liger functional or None)``, or exit status 2 after printing the line of
-    :func:`triton_gpu_missing`."""
+def tuning_start(prog: str, doc: str, quick: tuple, argv=None,
+                 options: Optional[Callable[[argparse.ArgumentParser], None]] = None):
+    """The tuning scripts' shared start: their options (``--json``, ``--dtypes``, ``--quick``, and what
+    ``options`` adds to the parser), then the GPU check. Returns ``(args, timer, liger functional or None)``, or
+    exit status 2 after printing the line of :func:`triton_gpu_missing`."""
     ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--quick", action="store_true", help=f"shapes {quick} only")
+    if options is not None:
+        options(ap)
     args = ap.parse_args(argv)
     why = triton_gpu_missing(prog)
     if why:

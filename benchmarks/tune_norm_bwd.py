@@ -66,16 +66,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv=None) -> int:
-    import argparse
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--ops", default="layer_norm,rms_norm,add_rms_norm")
-    pre.add_argument("--widths", default="", help="only the shapes of these row widths (comma-separated)")
-    own, rest = pre.parse_known_args(argv)
-    start = tuning_start("tune_norm_bwd", __doc__, QUICK, rest)
+    def options(ap):
+        ap.add_argument("--ops", default="layer_norm,rms_norm,add_rms_norm")
+        ap.add_argument("--widths", default="", help="only the shapes of these row widths (comma-separated)")
+    start = tuning_start("tune_norm_bwd", __doc__, QUICK, argv, options)
     if start == 2:
         return 2
     args, timer, LF = start
-    widths = {int(w) for w in own.widths.split(",") if w}
+    widths = {int(w) for w in args.widths.split(",") if w}
     from tabulate import tabulate
 
     rows_out: list[dict] = []
@@ -83,7 +81,7 @@ def main(argv=None) -> int:
     for dn in args.dtypes.split(","):
         dtype = getattr(torch, dn)
         for m, n in [(m, n) for m, n in (QUICK if args.quick else SHAPES) if not widths or n in widths]:
-            for op in own.ops.split(","):
+            for op in args.ops.split(","):
                 rec = case(op, dtype, m, n, timer, LF)
                 rows_out.append(rec)
                 ok = rec["plans"][rec["best"]]["us"]
