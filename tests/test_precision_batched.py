@@ -125,6 +125,49 @@ def test_sampled_values_are_the_values_at_the_sample_positions(shape, max_elemen
         assert not may_alias and values.shape == (max_elements,) and torch.equal(values, t[idx])
 
 
+def _mixed_requests(seed: int, count: int) -> list:
+    dts = [torch.float32, torch.float16, torch.bfloat16]
+    return [_request(seed + i, [7, 300, 1025, 5000, 16000][(seed + i) % 5], dts[i % 3], 1e-3, i % 4 == 0,
+                     ["element", "aggregate"][i % 2], i % 3 == 0) for i in range(count)]
+
+
+def test_statistics_on_reused_scratch_buffers_equal_fresh_ones(monkeypatch):
+    """The CPU statistics take their matrices from per-thread scratch buffers kept between calls: a call after
+    others of other shapes (the buffers hold their values, or are larger) gives what fresh buffers give, and
+    no two of one pass share a buffer."""
+    first, other = _mixed_requests(0, 14), _mixed_requests(100, 9)
+    reused = error_stats_many(first)
+    error_stats_many(other)
+    again = error_stats_many(first)
+    monkeypatch.setattr(metrics, "SCRATCH_MAX_ELEMENTS", 0)  # every matrix allocated per call
+    fresh = error_stats_many(first)
+    assert all(_same(a, b) and _same(a, c) for a, b, c in zip(fresh, reused, again))
+
+
+def test_statistics_in_threads_equal_one_thread():
+    """Thread-safety: each thread has its own scratch buffers (torch releases the GIL inside the passes)."""
+    import threading
+    sets = [_mixed_requests(1000 * k, 8) for k in range(4)]
+    want = [error_stats_many(reqs) for reqs in sets]
+    got: dict = {}
+
+    def work(k: int) -> None:
+        got[k] = [error_stats_many(sets[k]) for _ in range(5)]
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(sets))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert all(_same(a, b) for k in range(len(sets)) for run in got[k] for a, b in zip(want[k], run))
+
+
+def test_scratch_keeps_nothing_above_its_bound():
+    big = metrics.scratch("test-big", 2, metrics.SCRATCH_MAX_ELEMENTS)
+    assert big.shape == (2, metrics.SCRATCH_MAX_ELEMENTS) and ("test-big", torch.float64) not in metrics._scratch.bufs
+    small = metrics.scratch("test-small", 3, 5)
+    assert small.shape == (3, 5) and small.data_ptr() == metrics.scratch("test-small", 2, 4).data_ptr()
+
+
 def test_row_sums_that_overflow_take_the_exact_path():
     """The fast path trusts finite row sums; values whose sum overflows (every element finite) must still be
     judged exactly: finite, no NaN/Inf mismatch, the errors they really have."""
