@@ -339,8 +339,11 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     if any(bits16):
         # ULP of the reference value in the target's format (normal range); rows of other dtypes ignore it.
         # d / ulp as d * 2**-(exponent of ulp): exact (a power of two), without materialising the ulp
-        frexp_out = (buf("mantissa"), buf("exponent", torch.int32)) if dev.type == "cpu" else None
-        _, e = torch.frexp(torch.where(ar > 0, ar, ar.new_ones(()), out=buf("ulp")), out=frexp_out)
+        if dev.type == "cpu":  # where's out= form takes no Python scalar; a 0-d tensor would be a launch on a device
+            _, e = torch.frexp(torch.where(ar > 0, ar, ar.new_ones(()), out=buf("ulp")),
+                               out=(buf("mantissa"), buf("exponent", torch.int32)))
+        else:
+            _, e = torch.frexp(torch.where(ar > 0, ar, 1.0))
         bits, min_exp = params[:, 4:6].to(e.dtype).unbind(1)
         u = torch.ldexp(d, bits.unsqueeze(1) - torch.maximum(e.sub_(1), min_exp.unsqueeze(1)), out=buf("u"))
         cols += [u.amax(1), u.sum(1)]
