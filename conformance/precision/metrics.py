@@ -225,9 +225,10 @@ class _Scratch(threading.local):
         self.bufs: Dict[Tuple[str, torch.dtype], torch.Tensor] = {}
 
 
-#: a statistics pass on the CPU takes its matrices from :func:`scratch` up to this many elements (8 MiB of
-#: float64 per buffer); larger ones are allocated per call
-SCRATCH_MAX_ELEMENTS = 1 << 20
+#: a statistics pass on the CPU takes its matrices from :func:`scratch` up to this many elements (1 MiB of
+#: float64 per buffer, twice a pass's usual size: ten buffers, ~10 MiB kept per thread at most); larger ones
+#: (a single row longer than that) are allocated per call
+SCRATCH_MAX_ELEMENTS = 1 << 17
 _scratch = _Scratch()
 
 
