@@ -100,7 +100,7 @@ def test_both_padded_layouts_hold_each_row_then_zeros(lens, given_lengths):
     """The CPU's row-by-row copy and the devices' masked scatter lay out the same float64 matrix."""
     g = torch.Generator().manual_seed(sum(lens))
     xs = [torch.randn(n, generator=g, dtype=torch.float32) for n in lens]
-    rows = metrics._padded_rows(xs, lens)
+    rows = metrics._padded_rows(xs, lens, "test")
     lengths = torch.tensor(lens, dtype=torch.float64).unsqueeze(1) if given_lengths else None
     scattered = metrics._padded_scatter(xs, lens, lengths)
     assert rows.dtype == torch.float64 and rows.shape == (len(lens), max(lens))

@@ -208,7 +208,7 @@ def _on(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 def _padded(xs: List[torch.Tensor], lens: List[int], home: torch.device,
-            lengths: Optional[torch.Tensor] = None, slot: str = "padded") -> torch.Tensor:
+            lengths: Optional[torch.Tensor], slot: str) -> torch.Tensor:
     """``xs`` (one dtype and device) flattened as the rows of a float64 ``[len(xs), max(lens)]`` matrix on
     ``home``, zero-padded: from CPU tensors to the CPU :func:`_padded_rows` (in the :func:`scratch` buffer
     ``slot``), else :func:`_padded_scatter` where they are, then :func:`to_home`. ``lengths``: ``lens`` as a
@@ -249,10 +249,10 @@ def scratch(slot: str, rows: int, cols: int, dtype: torch.dtype = torch.float64)
     return buf[:n].view(rows, cols)
 
 
-def _padded_rows(xs: List[torch.Tensor], lens: List[int], slot: str = "padded") -> torch.Tensor:
+def _padded_rows(xs: List[torch.Tensor], lens: List[int], slot: str) -> torch.Tensor:
     """The float64 CPU matrix of :func:`_padded`, each row copied (and cast) into a zeroed matrix: one pass
     (a masked scatter is single-threaded on the CPU: 8x slower on 16K-element rows). The matrix is the
-    :func:`scratch` buffer ``slot``."""
+    :func:`scratch` buffer ``slot`` (one slot per matrix alive at once: two calls with one slot share it)."""
     out = scratch(slot, len(xs), max(lens)).zero_()
     for row, x, n in zip(out, xs, lens):
         row[:n].copy_(x.detach().reshape(-1))
