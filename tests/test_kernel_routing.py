@@ -153,8 +153,8 @@ def test_dispatcher_calls_a_self_checking_impl_without_predicates():
 def test_dispatcher_takes_a_size_route_in_its_own_frame():
     """A self-checking implementation with ``hal_size_route = (floors, plain)``: calls under
     ``floors[(op, dtype, grad enabled)]`` elements go to ``plain`` from the dispatcher (the implementation is
-    not called), calls at or above it to the implementation; the floors dict is read per call; a dtype
-    without keys has no route; ``fallback=`` still takes the uncached path."""
+    not called), calls at or above it to the implementation; a change of the floors takes effect at
+    ``invalidate_cache()``; a dtype without keys has no route; ``fallback=`` still takes the uncached path."""
     calls = {"impl": 0, "plain": 0}
 
     def reference(x, k=1):
@@ -180,18 +180,22 @@ def test_dispatcher_takes_a_size_route_in_its_own_frame():
     assert torch.equal(op(small, 2), small + 2) and torch.equal(op(small, k=3), small + 3)
     assert calls == {"impl": 0, "plain": 2}
     assert torch.equal(op(big), big + 1) and calls == {"impl": 1, "plain": 2}
-    floors[(op_name, f32, True)] = 0  # updated in place: with grad mode on every call is the implementation's
+    floors[(op_name, f32, True)] = 0  # with grad mode on every call is the implementation's, once the
+    op(small)  # cache is told: until then the copied floors stand
+    assert calls == {"impl": 1, "plain": 3}
+    H.invalidate_cache()
     op(small)
-    assert calls == {"impl": 2, "plain": 2}
+    assert calls == {"impl": 2, "plain": 3}
     with torch.no_grad():  # grad mode off reads the other key
         op(small)
-    assert calls == {"impl": 2, "plain": 3}
+    assert calls == {"impl": 2, "plain": 4}
     floors[(op_name, f32, True)] = 100
+    H.invalidate_cache()
     op(big, fallback="error")  # a per-call policy: the uncached path calls the implementation
-    assert calls == {"impl": 3, "plain": 3}
+    assert calls == {"impl": 3, "plain": 4}
     op(torch.zeros(3, dtype=torch.float64))  # no keys for float64: no route
     op(torch.zeros(3, dtype=torch.float64))
-    assert calls == {"impl": 5, "plain": 3}
+    assert calls == {"impl": 5, "plain": 4}
 
 
 def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
@@ -203,7 +207,7 @@ def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
     for op in routing.OPS:
         fn, _ = kernels.load(op)
         floors, plain = getattr(fn, H.SIZE_ROUTE)
-        assert floors is routing.dispatch_floors() and plain is torch_impl.OPS[op][2], op
+        assert floors is routing.dispatch_floors() and plain is torch_impl.direct(op), op
 
 
 @pytest.mark.parametrize("spec", [None, "triton", "torch", "doc"])

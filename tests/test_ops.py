@@ -52,6 +52,40 @@ def test_add_rms_norm_returns_normed_and_residual_sum():
     torch.testing.assert_close(normed, hal.ops.rms_norm(x + r, (8,), w, 1e-6))
 
 
+_DIRECT_CALLS = {
+    "layer_norm": [lambda: ((rnd(3, 8), (8,)), {}), lambda: ((rnd(3, 8), (8,), rnd(8), rnd(8), 1e-3), {}),
+                   lambda: ((rnd(2, 3, 8), (3, 8)), {"weight": rnd(3, 8), "eps": 0.5})],
+    "rms_norm": [lambda: ((rnd(3, 8), (8,)), {}), lambda: ((rnd(3, 8), (8,), rnd(8), 1e-3), {}),
+                 lambda: ((rnd(2, 3, 8), (3, 8)), {"weight": rnd(3, 8)})],
+    "cross_entropy": [lambda: ((rnd(5, 7), torch.tensor([0, 6, 2, -100, 3])), {}),
+                      lambda: ((rnd(5, 7), torch.tensor([0, 6, 2, 1, 3]), rnd(7).abs()), {"reduction": "sum"}),
+                      lambda: ((rnd(5, 7), torch.tensor([0, 6, 2, 1, 3])), {"reduction": "none", "ignore_index": 2,
+                                                                            "label_smoothing": 0.1}),
+                      lambda: ((rnd(5, 7), rnd(5, 7).softmax(-1)), {}),  # class probabilities
+                      lambda: ((rnd(5, 7), torch.tensor([0, 6, 2, 1, 3])), {"size_average": False})],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DIRECT_CALLS))
+def test_direct_callables_are_the_references(name):
+    """What a size route calls (``torch_impl.direct``) is a cheaper callable than the reference, with its
+    arguments and results (forward and gradient), its legacy arguments, and its error for a bad reduction."""
+    from hal.ops import torch_impl
+    fast, ref = torch_impl.direct(name), torch_impl.OPS[name][2]
+    assert fast is not ref
+    for make in _DIRECT_CALLS[name]:
+        args, kwargs = make()
+        x = args[0].requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # size_average's deprecation, from both
+            got, want = fast(*args, **kwargs), ref(*args, **kwargs)
+        (gx,), (wx,) = torch.autograd.grad(got.sum(), [x]), torch.autograd.grad(want.sum(), [x])
+        assert torch.equal(got, want) and torch.equal(gx, wx), (name, kwargs)
+    if name == "cross_entropy":
+        with pytest.raises(ValueError, match="not a valid value for reduction"):
+            fast(rnd(2, 3), torch.tensor([0, 1]), reduction="average")
+
+
 def test_every_builtin_op_is_defined_with_its_aten_name():
     for name in hal.ops.REGISTRY.names():
         opdef = hal.ops.REGISTRY.get(name)

@@ -17,9 +17,10 @@ means that a call whose first argument ``x`` has fewer elements than
 ``floors[(op, x.dtype, torch.is_grad_enabled())]`` is exactly ``plain(*args, **kwargs)`` (a dtype
 without both keys has no size route). The dispatcher then makes that call itself, in its own frame:
 one Python call fewer on the path where a Python frame costs as much as the work it routes (on the
-H200's host, 0.3-0.4 us against torch calls of 7-15 us). ``floors`` is the implementation's dict, read
-per call (it may be updated in place); the implementation must give the same answer for those calls
-when called directly.
+H200's host, 0.3-0.4 us against torch calls of 7-15 us). The dispatcher copies the two floors of a
+dtype into its cache entry when it caches the implementation (a call far under both reads neither
+the grad mode nor a dict): whoever changes ``floors`` calls :func:`invalidate_cache` after. The
+implementation must give the same answer for those calls when called directly.
 
 Raises NotSupportedError when the policy is ``error`` and no implementation fits.
 
@@ -47,7 +48,8 @@ from hal.ops.registry import REGISTRY, OpImpl, OpRegistry, Resolution
 
 __all__ = ["REGISTRY", "OpRegistry", "OpImpl", "Resolution", "POLICIES", "fallback_policy", "current_policy",
            "SELF_CHECKING", "SIZE_ROUTE",
-           "fallback_log", "fallback_totals", "clear_fallback_log", "resolve", "define_op", "HalFallbackWarning",
+           "fallback_log", "fallback_totals", "clear_fallback_log", "resolve", "define_op", "invalidate_cache",
+           "HalFallbackWarning",
            *torch_impl.OPS]
 
 #: attribute of an implementation that checks its own arguments and takes every call of its op (it
@@ -63,12 +65,15 @@ _registered_device_types: set[str] = set()
 _caches: list[dict] = []
 
 
-def _invalidate() -> None:
+def invalidate_cache() -> None:
+    """Forget every op's cached resolution (the next call of each op resolves again). Called on every
+    registry change, and by an implementation whose size-route floors changed. Not thread-safe against
+    calls in flight (they finish with what they read)."""
     for c in _caches:
         c.clear()
 
 
-REGISTRY.on_change(_invalidate)
+REGISTRY.on_change(invalidate_cache)
 
 
 def _ensure_backend_ops(device_type: str) -> None:
@@ -166,9 +171,9 @@ def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tupl
 
 def _make(op: str) -> Callable[..., Any]:
     # the resolution cache (see the module docstring): dtype -> entry for CUDA and for CPU tensors,
-    # (torch.device, dtype) -> entry for every other device type; an entry is (implementation, floors,
-    # (floor key without grad, with grad), plain), the last three None unless the implementation has a
-    # size route for the dtype (SIZE_ROUTE)
+    # (torch.device, dtype) -> entry for every other device type; an entry is (implementation, plain,
+    # low, high, (floor without grad, with grad)): with a size route (SIZE_ROUTE) for the dtype, low and
+    # high are the smaller and larger floor; without one plain and the floors are None and high is 0
     cuda: dict = {}
     cpu: dict = {}
     other: dict = {}
@@ -178,8 +183,10 @@ def _make(op: str) -> Callable[..., Any]:
         floors, plain = getattr(fn, SIZE_ROUTE, (None, None))
         keys = ((op, dtype, False), (op, dtype, True))
         if floors is None or keys[0] not in floors or keys[1] not in floors:
-            floors = keys = plain = None
-        entry = (fn, floors, keys, plain)
+            entry = (fn, None, 0, 0, None)
+        else:
+            by_grad = (floors[keys[0]], floors[keys[1]])
+            entry = (fn, plain, min(by_grad), max(by_grad), by_grad)
         if device.type == "cuda":
             cuda[dtype] = entry
         elif device.type == "cpu":
@@ -225,9 +232,11 @@ def _make(op: str) -> Callable[..., Any]:
             entry = other.get((x.device, x.dtype))  # not x.device.type: building that str costs more
         if entry is None or fallback is not None:  # a per-call policy is honoured by the uncached path
             return slow(x, args, kwargs, fallback)
-        fn, floors, keys, plain = entry
-        if floors is not None and x.numel() < floors[keys[_grad_enabled()]]:  # the size route, in this frame
-            fn = plain
+        fn, plain, low, high, by_grad = entry
+        if high:  # the size route, in this frame; the grad mode is read only between the two floors
+            n = x.numel()
+            if n < low or (n < high and n < by_grad[_grad_enabled()]):
+                fn = plain
         if kwargs:
             return fn(*args, **kwargs)
         return fn(*args)

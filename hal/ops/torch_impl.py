@@ -24,6 +24,23 @@ def _rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: Opti
 
 
 rms_norm = getattr(F, "rms_norm", _rms_norm)
+#: ``torch.rms_norm`` where torch has it: ``F.rms_norm``'s arguments and result, one Python frame fewer
+_rms_norm_direct = getattr(torch, "rms_norm", rms_norm)
+_cross_entropy_loss = torch._C._nn.cross_entropy_loss
+_REDUCTION = {"none": 0, "mean": 1, "sum": 2}  # torch.nn._reduction.get_enum's codes
+
+
+def _cross_entropy_direct(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                          size_average: Optional[bool] = None, ignore_index: int = -100,
+                          reduce: Optional[bool] = None, reduction: str = "mean",
+                          label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy`` with its arguments and result, calling ATen's ``cross_entropy_loss`` binding
+    directly (which handles ``__torch_function__`` itself); the legacy ``size_average``/``reduce`` and
+    an unknown ``reduction`` go to ``F.cross_entropy`` (its warnings and errors)."""
+    code = _REDUCTION.get(reduction)
+    if size_average is not None or reduce is not None or code is None:
+        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    return _cross_entropy_loss(input, target, weight, code, ignore_index, label_smoothing)
 
 
 def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Sequence[int],
@@ -31,7 +48,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = input + residual``; returns ``(rms_norm(h), h)`` (the fused pre-norm residual step)."""
     h = input + residual
-    return rms_norm(h, normalized_shape, weight, eps), h
+    return _rms_norm_direct(h, normalized_shape, weight, eps), h
 
 
 def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
@@ -73,3 +90,16 @@ OPS = {
     "scaled_dot_product_attention": ("aten::scaled_dot_product_attention",
                                      ("aten::scaled_dot_product_attention",), F.scaled_dot_product_attention),
 }
+
+#: name -> the cheapest callable that takes the reference's arguments and returns its result: torch's
+#: builtin binding where the reference is a Python wrapper around it (``F.layer_norm`` calls
+#: ``torch.layer_norm``, whose extra ``cudnn_enable`` argument ATen ignores). A builtin handles
+#: ``__torch_function__`` itself, so a subclass or mode sees the builtin, not the ``F`` function, as
+#: ``func``. What a size route (``hal.ops.SIZE_ROUTE``) calls: on the H200's host one Python frame is
+#: 3-5% of a small call.
+DIRECT = {"layer_norm": torch.layer_norm, "rms_norm": _rms_norm_direct, "cross_entropy": _cross_entropy_direct}
+
+
+def direct(name: str):
+    """:data:`DIRECT`'s callable for the op ``name``, else its reference (``OPS[name][2]``)."""
+    return DIRECT.get(name) or OPS[name][2]

@@ -79,10 +79,11 @@ def self_checking(fn: Callable[..., Any]) -> Callable[..., Any]:
     the dispatcher then runs no predicate chain per call). Below the routing floor of the call's dtype and
     grad mode (:func:`routing.dispatch_floors`) the wrapper's answer is the op's torch reference
     (``hal.ops.torch_impl``) called with the same arguments, so the dispatcher makes those calls itself
-    (:data:`hal.ops.SIZE_ROUTE`). Returns ``fn``."""
+    (:data:`hal.ops.SIZE_ROUTE`), through the cheapest torch callable for them (``torch_impl.direct``).
+    Returns ``fn``."""
     from hal.backends.cuda.kernels import routing
     from hal.ops import torch_impl
 
     setattr(fn, SELF_CHECKING, True)
-    setattr(fn, SIZE_ROUTE, (routing.dispatch_floors(), torch_impl.OPS[fn.__name__][2]))
+    setattr(fn, SIZE_ROUTE, (routing.dispatch_floors(), torch_impl.direct(fn.__name__)))
     return fn

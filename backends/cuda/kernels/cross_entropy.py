@@ -36,6 +36,7 @@ from hal.backends.cuda.kernels import routing, supports_cross_entropy
 from hal.backends.cuda.kernels._rows import as_rows, next_power_of_2, num_warps_for, self_checking, sm_count
 from hal.backends.cuda.kernels.launcher import Launcher, aligned, int_class
 from hal.backends.cuda.kernels.softmax import _online_max_sum
+from hal.ops import torch_impl
 
 #: rows up to this many classes take one program per row (one launch); longer rows are split into
 #: chunks of _CHUNK_BYTES, one program per (row, chunk), then combined per row, unless there are
@@ -233,6 +234,8 @@ class CrossEntropyFunction(torch.autograd.Function):
 
 #: routing's per-op floors: inputs below them go to torch without the predicate (routing.floors)
 _FLOORS = routing.floors()
+#: what a call the kernel does not take runs: ``F.cross_entropy``'s arguments and result, one frame fewer
+_torch_cross_entropy = torch_impl.direct("cross_entropy")
 
 
 @self_checking
@@ -256,5 +259,4 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
                 return CrossEntropyFunction.apply(input, target, ignore_index, reduction)
             _, t, stats = ce_forward(input, target, ignore_index)
             return ce_reduce(stats, t, reduction, input.dtype, ignore_index)
-    return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)
+    return _torch_cross_entropy(input, target, weight, None, ignore_index, None, reduction, label_smoothing)

@@ -140,7 +140,9 @@ def _install(t: dict) -> None:
     _fast.clear()
     _fast.update(fast)
     _floors.update(floors)  # in place, same keys: the wrappers hold this dict
-    _dispatch_floors.update(by_dtype)  # likewise: hal.ops' dispatcher holds it
+    _dispatch_floors.update(by_dtype)  # likewise; hal.ops' dispatcher copies it into its cache entries:
+    from hal.ops import invalidate_cache  # late: hal.ops' backend loading imports this module
+    invalidate_cache()
 
 
 def reload(spec: Optional[str] = None) -> dict:
@@ -191,8 +193,9 @@ def dispatch_floors() -> dict:
     infer and train thresholds, since the tensors may or may not require grad; off: the infer threshold).
     The size route the kernel wrappers give ``hal.ops``' dispatcher (:data:`hal.ops.SIZE_ROUTE`), finer
     than :func:`floors` (per dtype and grad mode, which the dispatcher knows at no cost: its cache entry
-    is per dtype). The same dict object every time, updated in place as :func:`floors`'s is; 0 for every
-    key until a table is loaded."""
+    is per dtype). The same dict object every time, updated in place as :func:`floors`'s is (and
+    ``hal.ops.invalidate_cache()`` called, since the dispatcher copies the floors); 0 for every key until
+    a table is loaded."""
     return _dispatch_floors
 
 
