@@ -123,6 +123,19 @@ def case_norms_layer():
                         _close(torch, wk.grad, wd.grad, dtype, what + " dw", rows)
                     if has_b:
                         _close(torch, bk.grad, bd.grad, dtype, what + " db", rows)
+        # rows with a gap between them (a column slice; the outputs are allocated like the rows) and a 3-D
+        # input: contiguous outputs of the input's shape, gradients into the slice
+        _rows.set_sm_count(torch.device("cpu"), 4)
+        wide = _rand(torch, (6, 2, 40), 5).requires_grad_()
+        w, b = _rand(torch, (30,), 6), _rand(torch, (30,), 7)
+        y = norms.layer_norm(wide[..., 5:35], (30,), w, b, 1e-5)
+        assert y.shape == (6, 2, 30) and y.is_contiguous(), (y.shape, y.stride())
+        y.backward(_rand(torch, (6, 2, 30), 8))
+        wd = wide.detach().double().requires_grad_()
+        yd = F.layer_norm(wd[..., 5:35], (30,), w.double(), b.double(), 1e-5)
+        yd.backward(_rand(torch, (6, 2, 30), 8).double())
+        _close(torch, y, yd, torch.float32, "layer_norm strided rows")
+        _close(torch, wide.grad, wd.grad, torch.float32, "layer_norm strided rows dx")
     print("case norms_layer ok")
 
 

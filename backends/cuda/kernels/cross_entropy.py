@@ -202,7 +202,7 @@ def ce_backward(x2, t, stats, grad: Optional[torch.Tensor], scaled: bool, ignore
     0-dim tensor, or one value per row; None: 1), times the scale :func:`ce_reduce` left in ``stats`` when
     ``scaled``, and 0 on rows whose target is ``ignore_index``."""
     rows, v = x2.shape
-    dx = torch.empty((rows, v), dtype=x2.dtype, device=x2.device) if out is None else out
+    dx = torch.empty_like(x2) if out is None else out  # x2: [rows, v], contiguous rows
     block = min(next_power_of_2(v), _chunk(x2))
     if rows:
         has_g = grad is not None

@@ -397,6 +397,12 @@ def bwd_plan(n: int, dtype: torch.dtype, is_rms: bool, has_dh: bool = False) -> 
     return p
 
 
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous tensor of ``t``'s shape and dtype on its device (``empty_like`` where that
+    gives a contiguous one: one argument for torch to parse instead of three)."""
+    return torch.empty_like(t) if t.dim() == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def _flat(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if t is None or (t.dim() == 1 and t.is_contiguous()):
         return t
@@ -422,10 +428,10 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool, n: int, st
     x2 = as_rows(x if x.shape[-1] == n else x.reshape(-1, n))
     rows = x2.shape[0]
     dev = x.device
-    y = torch.empty((rows, n), dtype=x.dtype, device=dev)
+    y = torch.empty_like(x2)  # [rows, n] contiguous (_rows.as_rows), one argument to parse
     if residual is not None:
         r2 = as_rows(residual if residual.shape[-1] == n else residual.reshape(-1, n))
-        h = torch.empty((rows, n), dtype=x.dtype, device=dev)
+        h = torch.empty_like(x2)
     else:
         r2 = h = None
     mean = torch.empty(rows, dtype=torch.float32, device=dev) if stats and not is_rms else None
@@ -461,7 +467,7 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
     dh2 = None if dh is None else as_rows(dh if dh.shape[-1] == n else dh.reshape(-1, n))
     rows = x2.shape[0]
     dev = x.device
-    dx = torch.empty((rows, n), dtype=x.dtype, device=dev)
+    dx = torch.empty_like(x2)
     has_w, has_bias = weight is not None, bias is not None
     # dw's and db's float32 partial sums, [programs, n] each, share one buffer (db's at row ``programs``):
     # one allocation fewer per call
@@ -504,8 +510,8 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
             _BWD_DWDB((-(-n // DW_BLOCK_N), progs, 1), key, args,
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                            num_warps=8))
-    dw = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if has_w else None
-    db = torch.empty(bias.shape, dtype=bias.dtype, device=dev) if has_bias else None
+    dw = _like(weight) if has_w else None
+    db = _like(bias) if has_bias else None
     if parts:
         args = (part, part, part if dw is None else dw, part if db is None else db, progs, n, db_off)
         # dw, db and the partial sums: ours (allocated here, contiguous and aligned)

@@ -75,7 +75,7 @@ def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     x2, dy2 = as_rows(x), as_rows(dy)
     rows, two_d = x2.shape
     d = two_d // 2
-    dx = torch.empty((rows, two_d), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x2)  # [rows, 2d] contiguous (_rows.as_rows)
     block = _block(d)
     if rows and d:
         args = (dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d)

@@ -139,7 +139,8 @@ def softmax_forward(x: torch.Tensor, log: bool, out_dtype: Optional[torch.dtype]
     """Softmax (or log_softmax) of ``x`` over its last dim, stored as ``out_dtype`` (default x's)."""
     x2 = as_rows(x)
     rows, n = x2.shape
-    y = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
+    # [rows, n] contiguous (_rows.as_rows); empty_like: one argument for torch to parse instead of three
+    y = torch.empty_like(x2) if out_dtype is None or out_dtype == x2.dtype else torch.empty_like(x2, dtype=out_dtype)
     block = next_power_of_2(n)
     args = (x2, y, x2.stride(0), y.stride(0), n)
     # the launch key (launcher's contract): device, dtypes, int arguments, LOG (the block follows from n)
@@ -157,7 +158,7 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool, in_dtype: tor
     stored as ``in_dtype``; ``plan`` (default :func:`bwd_plan`'s) as ``(single pass, block, warps)``."""
     dy2, y2 = as_rows(dy), as_rows(y)
     rows, n = y2.shape
-    dx = torch.empty((rows, n), dtype=in_dtype, device=y.device)
+    dx = torch.empty_like(y2) if in_dtype == y2.dtype else torch.empty_like(y2, dtype=in_dtype)
     single, block, warps = plan or bwd_plan(n)
     args = (dy2, y2, dx, dy2.stride(0), y2.stride(0), dx.stride(0), n)
     # the launch key (launcher's contract): device, dtypes, LOG, block and warps, the int arguments
