@@ -490,3 +490,22 @@ def test_warm_statistics_takes_every_dtype_and_rule_once_per_device(monkeypatch)
     n = len(seen)
     metrics.warm_statistics(torch.device("cpu"))
     assert len(seen) == n  # once per device
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+def test_samples_taken_together_equal_samples_taken_one_by_one(device):
+    """``take_samples`` (one transfer per device and dtype: a script's gradients and parameters) gives each
+    tensor's ``take_sample`` values, small and sampled, strided, empty and of mixed dtypes, and copies: writing a
+    tensor afterwards leaves its sample as it was."""
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(5000, generator=g), torch.randn(40, 30, generator=g).t(), torch.randn(7, generator=g).half(),
+          torch.randn(0), torch.randn(3, generator=g).bfloat16(), torch.randn(64, 64, generator=g)]
+    ts = [t.to(device) for t in ts]
+    one = [metrics.take_sample(t, 1024) for t in ts]
+    together = metrics.take_samples(ts, 1024)
+    for t, a, b in zip(ts, one, together):
+        assert b.dtype == torch.float64 and b.device.type == "cpu" and torch.equal(a, b), t.shape
+    for t in ts:
+        t.add_(1)
+    assert all(torch.equal(a, b) for a, b in zip(one, together))

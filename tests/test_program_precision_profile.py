@@ -194,3 +194,28 @@ def test_a_warmed_up_window_compares_a_later_step(tmp_path, prime):
     assert p["target"]["compared_window"] == "optimizer step 2 (the first 1 not compared)"
     assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4
     assert p["target"]["timing"]["window_ms"] > 0 and p["target"]["timing"]["statistics_ms"] > 0
+
+
+def test_a_scripts_attention_is_compared_not_taken_for_a_random_draw(tmp_path):
+    """aten's attention kernels are tagged ``nondeterministic_seeded`` (their dropout): they used to be routed like
+    ``randint`` (to the CPU generator on a device, a synchronising copy per call) and left out of the records, so a
+    script's attention was never compared. Now the forward and backward attention are compared, locally and
+    against the float64 run, and the random batches still agree between the runs (the totals match)."""
+    from hal.conformance.precision.script import _draws_random
+
+    aten = __import__("torch").ops.aten
+    assert all(_draws_random(f) for f in (aten.randint.low, aten.normal_.default, aten.bernoulli.p,
+                                          aten.native_dropout.default, aten.randperm.default))
+    assert not any(_draws_random(f) for f in (aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                              aten._scaled_dot_product_efficient_attention.default,
+                                              aten.lstm.input, aten.add.Tensor))
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "sdpa_train.py"), "--device", "cpu", "--precision", "--steps", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["verdict"] == "pass", p.get("first_divergence")
+    assert p["target"]["dropout_calls_disabled"] > 0
+    att = {m["phase"]: m for m in p["metrics"] if m["op"].startswith("scaled_dot_product_attention")}
+    assert set(att) == {"forward", "backward"}, sorted(m["op"] for m in p["metrics"])
+    for m in att.values():
+        assert m["module"] == "Attention" and m["status"] == "ok"
+        assert m["local"] is not None and m["total"] is not None, m

@@ -45,7 +45,7 @@ from hal.errors import BackendUnavailableError
 from . import thresholds as th
 from .calibration import calibrate, device_available
 from .drift import drift_stats
-from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, take_sample
+from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, take_samples
 from .result import PrecisionResult
 from .tracer import OpRecord, StepTracer, Widen64Mode
 
@@ -147,14 +147,13 @@ def _tensor_rows(kind: str, pairs, compute_dtype, max_elements, step_floor: floa
     absolute error: a normalising optimizer (Adam) moves every coordinate by about lr even when
     its gradient is pure rounding noise (attention key biases, whose exact gradient is zero), so
     a sign flip of such an update is within the optimizer's resolution, not a precision defect."""
+    pairs = [(name, t, r) for name, t, r in pairs if t is not None and r is not None]
+    samples = take_samples([t for _, t, _ in pairs] + [r for *_, r in pairs], max_elements)
     todo = []
-    for name, t, r in pairs:
-        if t is None or r is None:
-            continue
+    for (name, t, _), ts, rs in zip(pairs, samples, samples[len(pairs):]):
         dt = th.loosest([t.dtype, compute_dtype] if compute_dtype else [t.dtype])
         thr = th.threshold_for("sum" if kind == "gradient" else "param", dt, 1)
-        todo.append((name, t, thr, StatsRequest(take_sample(t, max_elements), take_sample(r, max_elements), t.dtype,
-                                                thr["rtol_eff"], thr["atol"], True, "aggregate")))
+        todo.append((name, t, thr, StatsRequest(ts, rs, t.dtype, thr["rtol_eff"], thr["atol"], True, "aggregate")))
     rows = []
     for (name, t, thr, _), stats in zip(todo, error_stats_many([q for *_, q in todo])):
         if kind == "parameter" and stats["nan_inf_mismatch"] == 0:

@@ -57,23 +57,26 @@ def sample_flat_index(shape, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Option
     return None if hit is None else hit[0]
 
 
-_device_index_cache: Dict[tuple, torch.Tensor] = {}
+_device_index_cache: Dict[tuple, Optional[torch.Tensor]] = {}
+_ABSENT = object()
 
 
 def sample_flat_index_on(shape, max_elements: int, device: torch.device) -> Optional[torch.Tensor]:
     """:func:`sample_flat_index` on ``device``, copied there once and cached: the samplers index every op
     output with the same few index sets, and a host-to-device copy per op would cost a transfer each
-    time. Bounded (cleared past 4096 entries)."""
-    flat = sample_flat_index(shape, max_elements)
-    if flat is None or device.type == "cpu":
-        return flat
-    k = (tuple(int(s) for s in shape), max_elements, device)
-    hit = _device_index_cache.get(k)
-    if hit is None:
+    time. Looked up by ``(shape, max_elements, device)`` as given (a ``torch.Size`` finds the entry of the equal
+    tuple), small shapes' None cached too: this runs for every op output the tracers record. Bounded (cleared
+    past 4096 entries)."""
+    k = (shape, max_elements, device)
+    hit = _device_index_cache.get(k, _ABSENT)
+    if hit is _ABSENT:
+        hit = sample_flat_index(shape, max_elements)
+        if hit is not None and device.type != "cpu":
+            hit = hit.to(device)
         if len(_device_index_cache) > 4096:
             _device_index_cache.clear()
-        hit = _device_index_cache[k] = flat.to(device)
-    return hit
+        _device_index_cache[k] = hit
+    return hit  # type: ignore[return-value]
 
 
 def to_home(x: torch.Tensor, home: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -113,6 +116,25 @@ def take_sample(t: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> to
     if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
         out = out.clone()
     return out
+
+
+def take_samples(ts: Sequence[torch.Tensor], max_elements: int = DEFAULT_MAX_ELEMENTS) -> List[torch.Tensor]:
+    """:func:`take_sample` of each of ``ts`` (equal values), with one transfer per device and dtype instead of
+    one per tensor: the samples of one device and dtype are gathered there, joined and brought to the host in one
+    copy (one synchronisation; on the H200 a script's 27 gradients took 27 synchronising copies), then cast to
+    float64 and split (on the CPU the same, the copy being the join). Each result is a copy, never a view of its
+    tensor (views of one fresh host buffer)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(ts)
+    groups: Dict[tuple, List[int]] = {}
+    for i, t in enumerate(ts):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    for idx in groups.values():
+        vals = [sampled_values(ts[i], max_elements)[0] for i in idx]
+        joined = torch.cat(vals) if len(vals) > 1 else vals[0]
+        host = to_home(joined, torch.device("cpu"), torch.float64)
+        for i, part in zip(idx, host.split([v.numel() for v in vals])):
+            out[i] = part
+    return out  # type: ignore[return-value]
 
 
 def error_stats(target: torch.Tensor, ref: torch.Tensor, *, target_dtype: torch.dtype,

@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .argtree import map_leaves
-from .metrics import sample_flat_index_on, take_sample, warm_statistics
+from .metrics import sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
 
@@ -72,9 +72,27 @@ def seed_everything(seed: int = SEED) -> None:
         pass
 
 
-def _is_seeded_random(func) -> bool:
-    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
-    return tag is not None and tag in getattr(func, "tags", ())
+#: seeded ops that draw only for an internal dropout (attention kernels, recurrent layers, the fused attention
+#: backend choice): with the audit's dropout patch (``dropout_p`` 0) they compute deterministically, so they run
+#: where the program put them and are compared like any op. Rerouting them to the CPU generator, as the tag alone
+#: would, sent a device attention kernel's inputs to the host on every call (a synchronising copy, then the CPU
+#: attempt failing back to the device) and kept them out of the tracers' records.
+_DROPOUT_ONLY = ("attention", "rnn", "lstm", "gru", "_fused_sdp_choice")
+_DRAWS: Dict[Any, bool] = {}
+
+
+def _draws_random(func) -> bool:
+    """Whether aten overload ``func`` draws random numbers as its job (``torch.Tag.nondeterministic_seeded``:
+    ``randint``, ``normal_``, ``bernoulli``, dropout ...), leaving out the ops that draw only for a dropout the
+    audit turns off (:data:`_DROPOUT_ONLY`). Decided once per overload and cached (every op of the run asks:
+    reading ``func.tags`` each time cost microseconds a call); thread-safe (idempotent cache writes)."""
+    hit = _DRAWS.get(func)
+    if hit is None:
+        tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+        name = func.overloadpacket.__name__
+        hit = _DRAWS[func] = (tag is not None and tag in getattr(func, "tags", ())
+                              and not any(s in name for s in _DROPOUT_ONLY))
+    return hit
 
 
 def _upcast(x):
@@ -99,7 +117,7 @@ class CpuRandomMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _is_seeded_random(func):
+        if not _draws_random(func):
             return func(*args, **kwargs)
         flat = tree_flatten((args, kwargs))[0]
         devs = [x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
@@ -162,7 +180,7 @@ class _ProgramTracer(StepTracer):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._internal or _is_seeded_random(func):
+        if self._internal or _draws_random(func):
             if self._held and not self._internal:  # a seeded normal_/bernoulli_ may write a held output
                 self._guard_writes(_op_info(func).writes, args, kwargs)
             return func(*args, **kwargs)
@@ -552,20 +570,21 @@ class ProgramPrecision:
                 out.append((self.param_names.get(id(p), f"param_group{gi}.{pi}"), p))
         return out
 
-    def _sample(self, t: torch.Tensor) -> torch.Tensor:
-        """A fixed sample of ``t`` on the CPU: float64 for the reference, ``t``'s own dtype for the
-        target (the values are exact either way; the dtype selects the target's tolerance)."""
-        s = take_sample(t, SCRIPT_MAX_ELEMENTS)
-        return s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
+    def _samples(self, named: List[tuple]) -> Dict[str, torch.Tensor]:
+        """``{name: fixed sample of t on the CPU}`` for ``(name, t)`` pairs, one transfer per device and dtype
+        (:func:`take_samples`): float64 for the reference, ``t``'s own dtype for the target (the values are exact
+        either way; the dtype selects the target's tolerance)."""
+        out = {}
+        for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
+            out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
+        return out
 
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
         self.optimizers.add(opt)
         self._end_primer()
         if self.window == "open":
             with self._internal():
-                for name, p in self._named(opt):
-                    if p.grad is not None:
-                        self.grads[name] = self._sample(p.grad)
+                self.grads.update(self._samples([(name, p.grad) for name, p in self._named(opt) if p.grad is not None]))
                 self.grads_at_backward = self.backwards
             self._pending_params = True
             self._close("the first optimizer step" if not self.warm_steps else
@@ -580,8 +599,7 @@ class ProgramPrecision:
         if getattr(self, "_pending_params", False):
             self._pending_params = False
             with self._internal():
-                for name, p in self._named(opt):
-                    self.params[name] = self._sample(p.detach())
+                self.params.update(self._samples([(name, p.detach()) for name, p in self._named(opt)]))
                 self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
             if self.role == "reference":
                 self._save()
