@@ -152,8 +152,9 @@ def test_dispatcher_calls_a_self_checking_impl_without_predicates():
 
 def test_dispatcher_takes_a_size_route_in_its_own_frame():
     """A self-checking implementation with ``hal_size_route = (floors, plain)``: calls under
-    ``floors[(op, dtype, grad enabled)]`` elements go to ``plain`` from the dispatcher (the implementation is
-    not called), calls at or above it to the implementation; a change of the floors takes effect at
+    ``floors[(op, dtype, grad state)]`` elements go to ``plain`` from the dispatcher (the implementation is
+    not called), calls at or above it to the implementation; the grad state is 0 with grad mode off, 1 with it on
+    and the input not requiring grad, 2 with the input requiring grad; a change of the floors takes effect at
     ``invalidate_cache()``; a dtype without keys has no route; ``fallback=`` still takes the uncached path."""
     calls = {"impl": 0, "plain": 0}
 
@@ -169,7 +170,7 @@ def test_dispatcher_takes_a_size_route_in_its_own_frame():
         return x + k
 
     op_name, f32 = "_routing_test_sized", torch.float32
-    floors = {(op_name, f32, False): 4, (op_name, f32, True): 4}
+    floors = {(op_name, f32, 0): 4, (op_name, f32, 1): 4, (op_name, f32, 2): 4}
     setattr(impl, H.SELF_CHECKING, True)
     setattr(impl, H.SIZE_ROUTE, (floors, plain))
     op = H.define_op("_routing_test_sized", "hal::_routing_test_sized", reference)
@@ -180,22 +181,30 @@ def test_dispatcher_takes_a_size_route_in_its_own_frame():
     assert torch.equal(op(small, 2), small + 2) and torch.equal(op(small, k=3), small + 3)
     assert calls == {"impl": 0, "plain": 2}
     assert torch.equal(op(big), big + 1) and calls == {"impl": 1, "plain": 2}
-    floors[(op_name, f32, True)] = 0  # with grad mode on every call is the implementation's, once the
+    floors[(op_name, f32, 1)] = 0  # with grad mode on every call is the implementation's, once the
     op(small)  # cache is told: until then the copied floors stand
     assert calls == {"impl": 1, "plain": 3}
     H.invalidate_cache()
     op(small)
     assert calls == {"impl": 2, "plain": 3}
-    with torch.no_grad():  # grad mode off reads the other key
+    with torch.no_grad():  # grad mode off reads key 0
         op(small)
     assert calls == {"impl": 2, "plain": 4}
-    floors[(op_name, f32, True)] = 100
+    op(small.clone().requires_grad_())  # an input requiring grad reads key 2
+    assert calls == {"impl": 2, "plain": 5}
+    floors[(op_name, f32, 2)] = 0
+    H.invalidate_cache()
+    op(small.clone().requires_grad_())
+    with torch.no_grad():
+        op(small.clone().requires_grad_())  # grad mode off: key 0, whatever the input
+    assert calls == {"impl": 3, "plain": 6}
+    floors.update({(op_name, f32, 1): 100, (op_name, f32, 2): 100})
     H.invalidate_cache()
     op(big, fallback="error")  # a per-call policy: the uncached path calls the implementation
-    assert calls == {"impl": 3, "plain": 4}
+    assert calls == {"impl": 4, "plain": 6}
     op(torch.zeros(3, dtype=torch.float64))  # no keys for float64: no route
     op(torch.zeros(3, dtype=torch.float64))
-    assert calls == {"impl": 5, "plain": 4}
+    assert calls == {"impl": 6, "plain": 6}
 
 
 def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
@@ -212,9 +221,11 @@ def test_kernel_wrappers_size_route_is_the_ops_torch_reference(monkeypatch):
 
 @pytest.mark.parametrize("spec", [None, "triton", "torch", "doc"])
 def test_dispatch_floors_are_the_exact_per_dtype_bound(spec):
-    """``dispatch_floors()[(op, dtype, grad)]`` is the infer threshold without grad mode and the smaller of
-    infer and train with it: under it :func:`routing.decide` answers torch for every mode the call could be
-    in, and at it one of them answers the kernel (the bound is exact); the dict is live."""
+    """``dispatch_floors()[(op, dtype, grad state)]`` is the infer threshold without grad mode, the train
+    threshold with an input requiring grad, and with an input not requiring grad the infer threshold, or the
+    smaller of the two where the wrapper's mode reads a weight or a residual too: under it
+    :func:`routing.decide` answers torch for every mode the call could be in, and at it one of them answers the
+    kernel (the bound is exact); the dict is live."""
     live = routing.dispatch_floors()
     doc = {"measured": "unit test", "default": 50,
            "ops": {"softmax": {"float32": {"infer": 10, "train": None}, "bfloat16": {"infer": None, "train": 7}},
@@ -222,17 +233,18 @@ def test_dispatch_floors_are_the_exact_per_dtype_bound(spec):
     with routing.using(doc if spec == "doc" else spec or str(routing.DEFAULT_PATH)):
         assert routing.dispatch_floors() is live
         for (op, dt, grad), floor in live.items():
-            modes = ("infer", "train") if grad else ("infer",)
+            modes = {0: ("infer",), 2: ("train",),
+                     1: ("infer", "train") if op in ("layer_norm", "rms_norm", "add_rms_norm") else ("infer",)}[grad]
             if floor < routing._NEVER:
                 assert any(routing.decide(op, dt, m, floor) for m in modes), (op, dt, grad)
             if floor > 0:
                 assert not any(routing.decide(op, dt, m, floor - 1) for m in modes), (op, dt, grad)
         if spec == "doc":
-            assert live[("softmax", torch.float32, False)] == 10 and live[("softmax", torch.float32, True)] == 10
-            assert live[("softmax", torch.bfloat16, False)] == routing._NEVER
-            assert live[("softmax", torch.bfloat16, True)] == 7
-            assert live[("silu_and_mul", torch.float32, False)] == 12
-            assert live[("silu_and_mul", torch.float32, True)] == 0
+            assert [live[("softmax", torch.float32, g)] for g in (0, 1, 2)] == [10, 10, routing._NEVER]
+            assert [live[("softmax", torch.bfloat16, g)] for g in (0, 1, 2)] == [routing._NEVER, routing._NEVER, 7]
+            # grad mode on, nothing requiring grad: silu_and_mul's inference floor, not the training one (0)
+            assert [live[("silu_and_mul", torch.float32, g)] for g in (0, 1, 2)] == [12, 12, 0]
+            assert [live[("rms_norm", torch.float32, g)] for g in (0, 1, 2)] == [50, 50, 50]
 
 
 def test_predicates_accept_and_reject_on_the_fast_path(monkeypatch):

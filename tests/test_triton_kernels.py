@@ -377,7 +377,7 @@ def test_routed_to_torch_equals_kernel(k, dtype):
 
 def test_hal_ops_dispatch_takes_the_kernel_wrapper_directly(k):
     """hal.ops caches the self-checking kernel wrapper itself (no predicate chain per call), with its size
-    route: cache entries are ``(implementation, plain, low, high, (floor without grad, with grad))``, the floors
+    route: cache entries are ``(implementation, plain, low, high, (floor of each grad state))``, the floors
     copied from routing's, plain torch's builtin."""
     import hal.ops as H
     from hal.backends.cuda.kernels import routing
@@ -386,7 +386,7 @@ def test_hal_ops_dispatch_takes_the_kernel_wrapper_directly(k):
     check(H.rms_norm(x, (256,), None, 1e-6), F.rms_norm(x.cpu().double(), (256,), None, 1e-6), torch.float32)
     entries = [v for cache in H._caches for v in cache.values() if v[0] is k["norms"].rms_norm]
     floors = routing.dispatch_floors()
-    by_grad = (floors[("rms_norm", torch.float32, False)], floors[("rms_norm", torch.float32, True)])
+    by_grad = tuple(floors[("rms_norm", torch.float32, g)] for g in (0, 1, 2))
     assert entries and entries[0][1] is torch_impl.direct("rms_norm") and entries[0][4] == by_grad
     assert entries[0][2:4] == (min(by_grad), max(by_grad))
 

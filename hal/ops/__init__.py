@@ -13,13 +13,14 @@ the uncached path, so its own policy applies.
 
 A self-checking implementation may also say which calls it would hand to a plain function unchanged
 because they are small: the attribute ``hal_size_route`` (:data:`SIZE_ROUTE`) = ``(floors, plain)``
-means that a call whose first argument ``x`` has fewer elements than
-``floors[(op, x.dtype, torch.is_grad_enabled())]`` is exactly ``plain(*args, **kwargs)`` (a dtype
-without both keys has no size route). The dispatcher then makes that call itself, in its own frame:
+means that a call whose first argument ``x`` has fewer elements than ``floors[(op, x.dtype, state)]`` is
+exactly ``plain(*args, **kwargs)``, where ``state`` is the call's grad state: 0 with grad mode off, 1 with it on
+and ``x`` not requiring grad, 2 with it on and ``x`` requiring grad (a dtype without all three keys has no size
+route). The dispatcher then makes that call itself, in its own frame:
 one Python call fewer on the path where a Python frame costs as much as the work it routes (on the
-H200's host, 0.3-0.4 us against torch calls of 7-15 us). The dispatcher copies the two floors of a
-dtype into its cache entry when it caches the implementation (a call far under both reads neither
-the grad mode nor a dict): whoever changes ``floors`` calls :func:`invalidate_cache` after. The
+H200's host, 0.3-0.4 us against torch calls of 7-15 us). The dispatcher copies the three floors of a
+dtype into its cache entry when it caches the implementation (a call under all of them reads neither
+the grad state nor a dict): whoever changes ``floors`` calls :func:`invalidate_cache` after. The
 implementation must give the same answer for those calls when called directly.
 
 Raises NotSupportedError when the policy is ``error`` and no implementation fits.
@@ -56,8 +57,8 @@ __all__ = ["REGISTRY", "OpRegistry", "OpImpl", "Resolution", "POLICIES", "fallba
 #: calls torch's kernel itself for what it does not compute), so no per-call ``supports`` chain runs
 SELF_CHECKING = "hal_checks_own_args"
 #: attribute of a self-checking implementation: ``(floors, plain)``, calls with fewer elements in their
-#: first argument ``x`` than ``floors[(op, x.dtype, torch.is_grad_enabled())]`` are ``plain``'s, and the
-#: dispatcher calls ``plain`` directly
+#: first argument ``x`` than ``floors[(op, x.dtype, grad state)]`` are ``plain``'s (the state: 0 grad mode off,
+#: 1 on and ``x`` not requiring grad, 2 on and ``x`` requiring grad), and the dispatcher calls ``plain`` directly
 SIZE_ROUTE = "hal_size_route"
 _grad_enabled = torch.is_grad_enabled
 
@@ -172,8 +173,9 @@ def define_op(name: str, aten: str, reference: Callable[..., Any], reaches: tupl
 def _make(op: str) -> Callable[..., Any]:
     # the resolution cache (see the module docstring): dtype -> entry for CUDA and for CPU tensors,
     # (torch.device, dtype) -> entry for every other device type; an entry is (implementation, plain,
-    # low, high, (floor without grad, with grad)): with a size route (SIZE_ROUTE) for the dtype, low and
-    # high are the smaller and larger floor; without one plain and the floors are None and high is 0
+    # low, high, (floor of each grad state: grad mode off, on with x not requiring grad, on with x requiring it)):
+    # with a size route (SIZE_ROUTE) for the dtype, low and high are the smallest and largest floor; without one
+    # plain and the floors are None and high is 0
     cuda: dict = {}
     cpu: dict = {}
     other: dict = {}
@@ -181,11 +183,11 @@ def _make(op: str) -> Callable[..., Any]:
 
     def store(device: torch.device, dtype: torch.dtype, fn: Callable[..., Any]) -> None:
         floors, plain = getattr(fn, SIZE_ROUTE, (None, None))
-        keys = ((op, dtype, False), (op, dtype, True))
-        if floors is None or keys[0] not in floors or keys[1] not in floors:
+        keys = ((op, dtype, 0), (op, dtype, 1), (op, dtype, 2))
+        if floors is None or any(k not in floors for k in keys):
             entry = (fn, None, 0, 0, None)
         else:
-            by_grad = (floors[keys[0]], floors[keys[1]])
+            by_grad = tuple(floors[k] for k in keys)
             entry = (fn, plain, min(by_grad), max(by_grad), by_grad)
         if device.type == "cuda":
             cuda[dtype] = entry
@@ -233,9 +235,9 @@ def _make(op: str) -> Callable[..., Any]:
         if entry is None or fallback is not None:  # a per-call policy is honoured by the uncached path
             return slow(x, args, kwargs, fallback)
         fn, plain, low, high, by_grad = entry
-        if high:  # the size route, in this frame; the grad mode is read only between the two floors
+        if high:  # the size route, in this frame; the grad state is read only between the floors
             n = x.numel()
-            if n < low or (n < high and n < by_grad[_grad_enabled()]):
+            if n < low or (n < high and n < by_grad[_grad_enabled() and 1 + x.requires_grad]):
                 fn = plain
         if kwargs:
             return fn(*args, **kwargs)

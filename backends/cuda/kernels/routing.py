@@ -55,8 +55,14 @@ _table: Optional[dict] = None
 _fast: dict = {}
 #: op -> min(threshold over DTYPES and MODES): the live dict :func:`floors` hands out (identity kept)
 _floors: dict = {op: 0 for op in OPS}
-#: (op, torch dtype, grad enabled) -> floor: the live dict :func:`dispatch_floors` hands out (identity kept)
-_dispatch_floors: dict = {(op, dt, g): 0 for op in OPS for dt in DTYPES.values() for g in (False, True)}
+#: the grad states :func:`dispatch_floors` keeps a floor for (``hal.ops.SIZE_ROUTE``'s): 0 grad mode off, 1 grad mode
+#: on and the call's input not requiring grad, 2 grad mode on and the input requiring grad
+GRAD_STATES = (0, 1, 2)
+#: ops whose wrappers ask :func:`mode` about tensors besides the input (a weight, a residual): with the input not
+#: requiring grad such a call may still record a graph
+_MODE_READS_MORE = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
+#: (op, torch dtype, grad state) -> floor: the live dict :func:`dispatch_floors` hands out (identity kept)
+_dispatch_floors: dict = {(op, dt, g): 0 for op in OPS for dt in DTYPES.values() for g in GRAD_STATES}
 
 
 class RoutingTableError(HalError, ValueError):
@@ -126,6 +132,15 @@ def _read(spec: Optional[str]) -> dict:
     return parse(doc, str(path))
 
 
+def _dispatch_floor(op: str, infer: int, train: int, state: int) -> int:
+    """The floor of one grad state (:data:`GRAD_STATES`): the threshold of every mode :func:`mode` may answer in it."""
+    if state == 0:
+        return infer
+    if state == 2:
+        return train
+    return min(infer, train) if op in _MODE_READS_MORE else infer
+
+
 def _install(t: dict) -> None:
     global _table
     fast = {}
@@ -134,8 +149,8 @@ def _install(t: dict) -> None:
         fast[(op, DTYPES[dt], mode)] = v
     th = t["thresholds"]
     floors = {op: min(th[(op, dt, m)] for dt in DTYPES for m in MODES) for op in OPS}
-    by_dtype = {(op, DTYPES[dt], g): min(th[(op, dt, "infer")], th[(op, dt, "train")]) if g else th[(op, dt, "infer")]
-                for op in OPS for dt in DTYPES for g in (False, True)}
+    by_dtype = {(op, DTYPES[dt], g): _dispatch_floor(op, th[(op, dt, "infer")], th[(op, dt, "train")], g)
+                for op in OPS for dt in DTYPES for g in GRAD_STATES}
     _table = t
     _fast.clear()
     _fast.update(fast)
@@ -188,14 +203,15 @@ def floors() -> dict:
 
 
 def dispatch_floors() -> dict:
-    """``{(op, torch dtype, grad enabled): elements}``: a call of ``op`` on fewer input elements of that dtype
-    goes to torch whatever :func:`mode` would say, given whether grad mode is on (on: the smaller of the
-    infer and train thresholds, since the tensors may or may not require grad; off: the infer threshold).
-    The size route the kernel wrappers give ``hal.ops``' dispatcher (:data:`hal.ops.SIZE_ROUTE`), finer
-    than :func:`floors` (per dtype and grad mode, which the dispatcher knows at no cost: its cache entry
-    is per dtype). The same dict object every time, updated in place as :func:`floors`'s is (and
-    ``hal.ops.invalidate_cache()`` called, since the dispatcher copies the floors); 0 for every key until
-    a table is loaded."""
+    """``{(op, torch dtype, grad state): elements}``: a call of ``op`` on fewer input elements of that dtype
+    goes to torch whatever :func:`mode` would say, given the grad state (:data:`GRAD_STATES`): grad mode off,
+    the infer threshold; on with the input requiring grad, the train threshold (:func:`mode` answers train);
+    on with the input not requiring grad, the infer threshold, or for an op whose mode also reads a weight or a
+    residual (:data:`_MODE_READS_MORE`) the smaller of the two. The size route the kernel wrappers give
+    ``hal.ops``' dispatcher (:data:`hal.ops.SIZE_ROUTE`), finer than :func:`floors` (per dtype and grad state,
+    which the dispatcher reads in its own frame). The same dict object every time, updated in place as
+    :func:`floors`'s is (and ``hal.ops.invalidate_cache()`` called, since the dispatcher copies the floors); 0
+    for every key until a table is loaded."""
     return _dispatch_floors
 
 
