@@ -16,7 +16,7 @@ passes over column tiles), and ``_norm_bwd_dwdb`` is
 column-tiled, grid ``(column tiles, row groups)`` with the row groups sized to the SM count (about
 ``4 * SMs`` programs), each program summing ``dy * xhat`` (and ``dy``) over its strip of rows for
 its columns into a ``[row groups, N]`` float32 buffer (dw's and db's share one allocation, db's rows after
-dw's: one ``torch.empty`` fewer per call, ~5 us of the H200's host). Either way one more kernel, ``_norm_part_sum``,
+dw's, each kernel given its pointer and db's offset: one ``torch.empty`` fewer per call). Either way one more kernel, ``_norm_part_sum``,
 adds up the partial sums column by column and writes dw (and db) in the weight's (and bias's) dtype and
 shape: one launch where ``sum(0)``, a cast and a view per gradient were three to five ops of host time
 (issue 23).
@@ -89,13 +89,13 @@ def _norm_fwd(X, R, Y, H, W, B, Mean, Rstd, stride_x, stride_r, stride_y, stride
 
 
 @triton.jit
-def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, DW, DB, stride_dy, stride_x, stride_dh, stride_dx, M, N,
+def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh, stride_dx, M, N,
               rows_per_prog, db_off, BLOCK: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
               HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
     # xhat = (x - mean) * rstd ; g = dy * w
     # layer_norm: dx = rstd * (g - mean(g * xhat) * xhat - mean(g))
     # rms_norm:   dx = rstd * (g - mean(g * xhat) * xhat)
-    # program pid's dw (db) partial sums -> row pid of DW (of DB + db_off), each [programs, N] float32
+    # program pid's dw (db) partial sums -> row pid of PART (of PART + db_off), each [programs, N] float32
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -133,9 +133,9 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, DW, DB, stride_dy, stride_x, stride_
         if HAS_B:
             db_acc += dy
     if HAS_W:
-        tl.store(DW + pid * N + cols, dw_acc, mask=mask)
+        tl.store(PART + pid * N + cols, dw_acc, mask=mask)
     if HAS_B:
-        tl.store(DB + db_off + pid * N + cols, db_acc, mask=mask)
+        tl.store(PART + db_off + pid * N + cols, db_acc, mask=mask)
 
 
 @triton.jit
@@ -204,11 +204,11 @@ def _norm_bwd_dx(DY, X, W, Mean, Rstd, DH, DX, stride_dy, stride_x, stride_dh, s
 
 
 @triton.jit
-def _norm_bwd_dwdb(DY, X, Mean, Rstd, DWP, DBP, stride_dy, stride_x, M, N, rows_per_group, db_off,
+def _norm_bwd_dwdb(DY, X, Mean, Rstd, PART, stride_dy, stride_x, M, N, rows_per_group, db_off,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
                    HAS_B: tl.constexpr):
     """Partial dw = sum(dy * xhat) and db = sum(dy) of one row group for BLOCK_N columns -> row ``group``
-    of the ``[groups, N]`` float32 buffers at DWP and DBP + db_off."""
+    of the ``[groups, N]`` float32 partial sums at PART (dw's) and PART + db_off (db's)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     group = tl.program_id(1)
@@ -233,15 +233,15 @@ def _norm_bwd_dwdb(DY, X, Mean, Rstd, DWP, DBP, stride_dy, stride_x, M, N, rows_
         if HAS_B:
             db += dy
     if HAS_W:
-        tl.store(DWP + group * N + cols, tl.sum(dw, 0), mask=cmask)
+        tl.store(PART + group * N + cols, tl.sum(dw, 0), mask=cmask)
     if HAS_B:
-        tl.store(DBP + db_off + group * N + cols, tl.sum(db, 0), mask=cmask)
+        tl.store(PART + db_off + group * N + cols, tl.sum(db, 0), mask=cmask)
 
 
 @triton.jit
-def _norm_part_sum(DWP, DBP, DW, DB, P, N, db_off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_P: tl.constexpr,
+def _norm_part_sum(PART, DW, DB, P, N, db_off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_P: tl.constexpr,
                    BLOCK_N: tl.constexpr):
-    """dw (db) = the ``[P, N]`` float32 partial sums at DWP (DBP + db_off) added up over P, for BLOCK_N columns,
+    """dw (db) = the ``[P, N]`` float32 partial sums at PART (PART + db_off) added up over P, for BLOCK_N columns,
     in DW's (DB's) dtype."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -252,9 +252,9 @@ def _norm_part_sum(DWP, DBP, DW, DB, P, N, db_off, HAS_W: tl.constexpr, HAS_B: t
         m = (r < P)[:, None] & cmask[None, :]
         off = r.to(tl.int64)[:, None] * N + cols[None, :]
         if HAS_W:
-            acc_w += tl.load(DWP + off, mask=m, other=0.0)
+            acc_w += tl.load(PART + off, mask=m, other=0.0)
         if HAS_B:
-            acc_b += tl.load(DBP + db_off + off, mask=m, other=0.0)
+            acc_b += tl.load(PART + db_off + off, mask=m, other=0.0)
     if HAS_W:
         tl.store(DW + cols, tl.sum(acc_w, 0).to(DW.dtype.element_ty), mask=cmask)
     if HAS_B:
@@ -488,9 +488,9 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
         part = new((parts * progs, n), dtype=torch.float32, device=dev) if parts else rstd
         db_off = progs * n if has_w else 0
         if rows:
-            args = (dy2, x2, w_, mean_, rstd, dh_, dx, part, part, dy2.stride(0), x2.stride(0), dh_.stride(0),
+            args = (dy2, x2, w_, mean_, rstd, dh_, dx, part, dy2.stride(0), x2.stride(0), dh_.stride(0),
                     dx.stride(0), rows, n, per, db_off)
-            key = None if base is None else base + args[9:13] + (int_class(rows), n, int_class(per),
+            key = None if base is None else base + args[8:12] + (int_class(rows), n, int_class(per),
                                                                  int_class(db_off))
             _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
                                                 HAS_DH=dh2 is not None, num_warps=plan.warps))
@@ -504,8 +504,8 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
             progs, per = dw_groups(rows, n, sm_count(dev))
             part = torch.empty((parts * progs, n), dtype=torch.float32, device=dev)
             db_off = progs * n if has_w else 0
-            args = (dy2, x2, mean_, rstd, part, part, dy2.stride(0), x2.stride(0), rows, n, per, db_off)
-            key = None if base is None else base + args[6:8] + (int_class(rows), n, int_class(per),
+            args = (dy2, x2, mean_, rstd, part, dy2.stride(0), x2.stride(0), rows, n, per, db_off)
+            key = None if base is None else base + args[5:7] + (int_class(rows), n, int_class(per),
                                                                 int_class(db_off))
             _BWD_DWDB((-(-n // DW_BLOCK_N), progs, 1), key, args,
                       dict(BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
@@ -513,7 +513,7 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
     dw = _like(weight) if has_w else None
     db = _like(bias) if has_bias else None
     if parts:
-        args = (part, part, part if dw is None else dw, part if db is None else db, progs, n, db_off)
+        args = (part, part if dw is None else dw, part if db is None else db, progs, n, db_off)
         # dw, db and the partial sums: ours (allocated here, contiguous and aligned)
         key = (x2.get_device(), None if dw is None else dw.dtype, None if db is None else db.dtype,
                int_class(progs), n, int_class(db_off))
