@@ -509,3 +509,101 @@ def test_samples_taken_together_equal_samples_taken_one_by_one(device):
     for t in ts:
         t.add_(1)
     assert all(torch.equal(a, b) for a, b in zip(one, together))
+
+
+@pytest.mark.parametrize("causal, mask, scale", [(False, None, None), (True, None, 0.3), (False, "bool", None),
+                                                 (False, "float", 0.5)])
+def test_math_attention_grads_are_the_attention_gradients(causal, mask, scale):
+    """The written-out attention backward (the shadow of a device attention kernel's backward) gives autograd's
+    gradients of ``F.scaled_dot_product_attention`` in float64: causal, boolean and additive masks, a given scale."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    m = {None: None, "bool": torch.rand(5, 5, generator=g) > 0.3, "float": torch.randn(5, 5, generator=g).double()}[mask]
+    if mask == "bool":
+        m.fill_diagonal_(True)  # no fully masked row
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = shadow.math_attention_grads(dout, q.detach(), k.detach(), v.detach(), attn_mask=m, is_causal=causal, scale=scale)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _kernel_args(func, values: dict):
+    """Positional and keyword arguments of ``func`` by its schema's names (``values``; the rest made up)."""
+    args, kwargs = [], {}
+    for a in func._schema.arguments:
+        v = values.get(a.name, {"dropout_p": 0.0, "grad_input_mask": [True, True, True, False], "max_q": 5,
+                                 "max_k": 5, "compute_log_sumexp": True, "return_debug_mask": False}.get(a.name))
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return tuple(args), kwargs
+
+
+@pytest.mark.parametrize("kernel", sorted(shadow._DEVICE_ATTENTION))
+def test_device_attention_kernels_are_shadowed_by_the_math_attention(kernel):
+    """A device-only attention kernel (flash, efficient, cudnn: their arguments read by schema name, whose positions
+    differ between torch versions) is shadowed by the float64 math attention with its causal flag and scale, and its
+    backward by the math attention's gradients, one float64 call for the three (a float64 call of the device
+    backward gave NaN and inf on the H200); a dropout or the bias gradient is not shadowed, and says so."""
+    import torch.nn.functional as F
+    aten = torch.ops.aten
+    fwd, bwd = getattr(aten, kernel).default, getattr(aten, kernel + "_backward").default
+    g = torch.Generator().manual_seed(11)
+    q, k, v, dout = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(4))
+    values = {"query": q, "key": k, "value": v, "grad_out": dout, "grad_out_": dout, "is_causal": True, "scale": 0.3,
+              "out": torch.zeros_like(q), "logsumexp": torch.zeros(2, 3, 5), "philox_seed": torch.zeros((), dtype=torch.int64),
+              "philox_offset": torch.zeros((), dtype=torch.int64)}
+    q64, k64, v64, d64 = (t.double() for t in (q, k, v, dout))
+    sh = shadow.Shadow()
+    args, kwargs = _kernel_args(fwd, values)
+    job = sh.plan(fwd, args, kwargs, torch.zeros_like(q), 0)
+    args, kwargs = _kernel_args(bwd, values)
+    grads = [sh.plan(bwd, args, kwargs, torch.zeros_like(q), i) for i in range(3)]
+    sh.flush([job, *grads])
+    assert job.error is None and all(j.error is None for j in grads), [job.error] + [j.error for j in grads]
+    torch.testing.assert_close(job.ref, F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, scale=0.3))
+    want = shadow.math_attention_grads(d64, q64, k64, v64, is_causal=True, scale=0.3)
+    for j, w in zip(grads, want):
+        torch.testing.assert_close(j.ref, w)
+    assert sh.shared_jobs == 2
+    with pytest.raises(shadow.UnshadowedError, match="bias gradient"):
+        sh.plan(bwd, args, kwargs, torch.zeros_like(q), 3)
+    args, kwargs = _kernel_args(bwd, {**values, "dropout_p": 0.1})
+    with pytest.raises(shadow.UnshadowedError, match="dropout"):
+        sh.plan(bwd, args, kwargs, torch.zeros_like(q), 0)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, width: int = 128, heads: int = 2):
+        super().__init__()
+        self.heads, self.qkv = heads, torch.nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
+def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend):
+    """The device attention kernels in float16 on the GPU: forward and backward (query, key and value gradients)
+    get a float64 shadow (the math attention) with no NaN or inf, close to the kernel's values."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    m = _Attention().to(dev).half()
+    x = torch.randn(2, 64, 128, device=dev, dtype=torch.float16, requires_grad=True)
+    tr = StepTracer(m, "target")
+    with tr, sdpa_kernel(getattr(SDPBackend, backend)):
+        m(x).float().pow(2).mean().backward()
+    att = [r for r in tr.records if r.op.startswith("scaled_dot_product_attention")]
+    assert sorted((r.phase, r.out_index) for r in att) == [("backward", 0), ("backward", 1), ("backward", 2),
+                                                           ("forward", 0)], [(r.op, r.phase) for r in tr.records]
+    for r in att:
+        print(backend, r.phase, r.out_index, {k: r.local.get(k) for k in ("rms_rel", "mismatch_frac", "exceeds")})
+        assert r.shadow_error is None and r.local["nan_inf_mismatch"] == 0 and r.local["rms_rel"] < 5e-3, (r.phase, r.local)

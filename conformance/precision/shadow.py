@@ -167,22 +167,64 @@ class UnshadowedError(RuntimeError):
 
 _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_cudnn_attention"}
+#: their backward kernels: a float64 call of one is no reference (the efficient kernel's, run in float64 on the H200,
+#: gave NaN and inf gradients); their shadow is the math attention's gradients (:func:`math_attention_grads`)
+_DEVICE_ATTENTION_BACKWARD = {n + "_backward" for n in _DEVICE_ATTENTION}
 
 
-def _attention_call(name, args, kwargs) -> Tuple[Any, tuple, dict]:
+def _named(func, args, kwargs) -> Dict[str, Any]:
+    """``func``'s arguments by their schema names (these kernels' positions differ between torch versions:
+    cudnn attention took ``attn_bias`` from 2.5 on)."""
+    named = dict(zip((a.name for a in func._schema.arguments), args))
+    named.update(kwargs)
+    return named
+
+
+def _math_attention_args(func, name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
+    """``(query, key, value)`` and the math attention's keywords for a device attention kernel's arguments. Raises
+    :class:`UnshadowedError` for a dropout (its random mask has no float64 counterpart)."""
+    if named.get("dropout_p"):
+        raise UnshadowedError(f"{name} with dropout_p={named['dropout_p']} draws a random mask: no float64 counterpart")
+    bias = named.get("attn_bias")
+    return ((named["query"], named["key"], named["value"]),
+            {"attn_mask": bias if isinstance(bias, torch.Tensor) else None,
+             "is_causal": bool(named.get("is_causal", False)), "scale": named.get("scale")})
+
+
+def _attention_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     """``(fn, args, kwargs)`` of the float64 math-path attention standing for a device-only SDPA kernel
     (output 0): ``fn`` is ``F.scaled_dot_product_attention``."""
     import torch.nn.functional as F
 
-    mask, causal = None, False
-    if name == "_scaled_dot_product_flash_attention":
-        causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
-    else:  # efficient / cudnn: (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...)
-        bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
-        mask = bias if isinstance(bias, torch.Tensor) else None
-        causal = bool(args[6]) if len(args) > 6 else bool(kwargs.get("is_causal", False))
-    return (F.scaled_dot_product_attention, tuple(args[:3]),
-            {"attn_mask": mask, "is_causal": causal, "scale": kwargs.get("scale")})
+    qkv, kw = _math_attention_args(func, name, _named(func, args, kwargs))
+    return F.scaled_dot_product_attention, qkv, kw
+
+
+def math_attention_grads(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """``(d query, d key, d value)`` of ``F.scaled_dot_product_attention(query, key, value, attn_mask, is_causal,
+    scale)`` for the incoming ``grad_out``, written out (``P = softmax(scale * Q K^T + mask)``, ``dV = P^T dO``,
+    ``dS = P * (dO V^T - rowsum(dO V^T * P))``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``): what a device
+    attention kernel's backward computes. No autograd (the shadows may run inside a dispatch, below it)."""
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    s = (query @ key.transpose(-2, -1)) * scale
+    if is_causal:  # F.scaled_dot_product_attention's causal mask: the lower triangle from the top left
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+    p = torch.softmax(s, -1)
+    dp = grad_out @ value.transpose(-2, -1)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return (ds @ key) * scale, (ds.transpose(-2, -1) @ query) * scale, p.transpose(-2, -1) @ grad_out
+
+
+def _attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
+    """``(fn, args, kwargs)`` standing for a device attention kernel's backward (outputs 0-2: the gradients of
+    query, key and value): :func:`math_attention_grads`."""
+    named = _named(func, args, kwargs)
+    grad = named["grad_out"] if "grad_out" in named else named["grad_out_"]
+    qkv, kw = _math_attention_args(func, name, named)
+    return math_attention_grads, (grad, *qkv), kw
 
 
 class _Slot:
@@ -368,8 +410,10 @@ class Shadow:
         if name in _DEVICE_ATTENTION:
             if out_index != 0:
                 raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
-            fn, a, k = _attention_call(name, args, kwargs)
+            fn, a, k = _attention_call(func, name, args, kwargs)
             return self._job(fn, a, k, home, 0, out, "full", batch=False)
+        if name in _DEVICE_ATTENTION_BACKWARD:
+            return self._attention_backward(func, name, args, kwargs, out, out_index, home)
         big = self.sample and out.numel() > self.max_elements
         if big and out_index == 0:
             fast = self._sampled(func, name, args, kwargs, out, home)
@@ -387,6 +431,26 @@ class Shadow:
             return ShadowJob(func, first.args, first.kwargs, first.inputs, home, out_index, out, "full", key,
                              shared=True)
         job = self._job(func, args, kwargs, home, out_index, out, "full")
+        self._last_call = (func, args, kwargs, job)
+        return job
+
+    def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> ShadowJob:
+        """The job of gradient ``out_index`` (0-2: query, key, value) of a device attention kernel's backward: the
+        math attention's gradients (:func:`math_attention_grads`), one float64 call for the three (shared jobs).
+        Raises :class:`UnshadowedError` for the bias gradient, and for outputs over ``HUGE_FACTOR x
+        max_elements`` (the math attention keeps the whole score matrix in float64)."""
+        if out_index > 2:
+            raise UnshadowedError(f"{name} output {out_index} (the bias gradient) is not shadowed")
+        if self.sample and out.numel() > HUGE_FACTOR * self.max_elements:
+            raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
+                                  "compared against the reference run only")
+        last = self._last_call
+        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3].home == home:
+            first = last[3]
+            return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index, out, "full", None,
+                             shared=True)
+        fn, a, k = _attention_backward_call(func, name, args, kwargs)
+        job = self._job(fn, a, k, home, out_index, out, "full", batch=False)
         self._last_call = (func, args, kwargs, job)
         return job
 
