@@ -592,7 +592,8 @@ class _Attention(torch.nn.Module):
 @pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
 def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend):
     """The device attention kernels in float16 on the GPU: forward and backward (query, key and value gradients)
-    get a float64 shadow (the math attention) with no NaN or inf, close to the kernel's values."""
+    get a float64 shadow (the math attention) with no NaN or inf, and the kernels are within the element rule
+    against it (the float64 call of the efficient backward itself gave NaN and inf: every element mismatched)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
@@ -606,4 +607,4 @@ def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend):
                                                            ("forward", 0)], [(r.op, r.phase) for r in tr.records]
     for r in att:
         print(backend, r.phase, r.out_index, {k: r.local.get(k) for k in ("rms_rel", "mismatch_frac", "exceeds")})
-        assert r.shadow_error is None and r.local["nan_inf_mismatch"] == 0 and r.local["rms_rel"] < 5e-3, (r.phase, r.local)
+        assert r.shadow_error is None and r.local["nan_inf_mismatch"] == 0 and not r.local["exceeds"], (r.phase, r.local)
