@@ -203,12 +203,23 @@ def test_a_scripts_attention_is_compared_not_taken_for_a_random_draw(tmp_path):
     against the float64 run, and the random batches still agree between the runs (the totals match)."""
     from hal.conformance.precision.script import _draws_random
 
-    aten = __import__("torch").ops.aten
+    import torch
+    aten = torch.ops.aten
     assert all(_draws_random(f) for f in (aten.randint.low, aten.normal_.default, aten.bernoulli.p,
                                           aten.native_dropout.default, aten.randperm.default))
     assert not any(_draws_random(f) for f in (aten._scaled_dot_product_flash_attention_for_cpu.default,
                                               aten._scaled_dot_product_efficient_attention.default,
                                               aten.lstm.input, aten.add.Tensor))
+    # a dropout-bearing op draws when its dropout is on in the call: an LSTM with dropout between its layers
+    # (which the audit's patch does not reach) while training, attention with dropout_p over 0
+    x, h = torch.zeros(2, 3, 4), (torch.zeros(1, 3, 4), torch.zeros(1, 3, 4))
+    lstm = (x, h, [], True, 1)  # input, hx, params, has_biases, num_layers; then dropout, train, bidirectional, batch_first
+    assert _draws_random(aten.lstm.input, lstm + (0.5, True, False, False))
+    assert not _draws_random(aten.lstm.input, lstm + (0.5, False, False, False))
+    assert not _draws_random(aten.lstm.input, lstm + (0.0, True, False, False))
+    q = torch.zeros(1, 1, 2, 4)
+    assert _draws_random(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q, 0.1))
+    assert not _draws_random(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {"dropout_p": 0.0})
     r, doc = _audit(tmp_path, str(FIX / "precision" / "sdpa_train.py"), "--device", "cpu", "--precision", "--steps", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     p = doc["precision"]

@@ -73,26 +73,36 @@ def seed_everything(seed: int = SEED) -> None:
 
 
 #: seeded ops that draw only for an internal dropout (attention kernels, recurrent layers, the fused attention
-#: backend choice): with the audit's dropout patch (``dropout_p`` 0) they compute deterministically, so they run
-#: where the program put them and are compared like any op. Rerouting them to the CPU generator, as the tag alone
-#: would, sent a device attention kernel's inputs to the host on every call (a synchronising copy, then the CPU
-#: attempt failing back to the device) and kept them out of the tracers' records.
+#: backend choice): they draw random numbers only when their ``dropout_p`` / ``dropout`` argument is over 0 (and,
+#: where they have one, ``train`` is set). With the audit's dropout patch (SDPA's ``dropout_p`` forced to 0) an
+#: attention kernel computes deterministically, so it runs where the program put them and is compared like any op.
+#: Rerouting every one of them to the CPU generator, as the tag alone would, sent a device attention kernel's
+#: inputs to the host on every call (a synchronising copy, then the CPU attempt failing back to the device) and kept
+#: them out of the tracers' records. A recurrent layer with a dropout between its layers (``nn.LSTM(dropout=...)``,
+#: which the patch does not reach) still draws, from the CPU generator in both runs as before.
 _DROPOUT_ONLY = ("attention", "rnn", "lstm", "gru", "_fused_sdp_choice")
-_DRAWS: Dict[Any, bool] = {}
+#: per overload: True (draws), False (does not), or the schema's argument names (draws when its dropout is on)
+_DRAWS: Dict[Any, Any] = {}
 
 
-def _draws_random(func) -> bool:
-    """Whether aten overload ``func`` draws random numbers as its job (``torch.Tag.nondeterministic_seeded``:
-    ``randint``, ``normal_``, ``bernoulli``, dropout ...), leaving out the ops that draw only for a dropout the
-    audit turns off (:data:`_DROPOUT_ONLY`). Decided once per overload and cached (every op of the run asks:
-    reading ``func.tags`` each time cost microseconds a call); thread-safe (idempotent cache writes)."""
+def _draws_random(func, args: tuple = (), kwargs: Optional[dict] = None) -> bool:
+    """Whether this call of aten overload ``func`` draws random numbers (``torch.Tag.nondeterministic_seeded``:
+    ``randint``, ``normal_``, ``bernoulli``, dropout ...); an op of :data:`_DROPOUT_ONLY` only when its dropout is
+    on in this call. The overload's kind is decided once and cached (every op of the run asks: reading
+    ``func.tags`` each time cost microseconds a call); thread-safe (idempotent cache writes)."""
     hit = _DRAWS.get(func)
     if hit is None:
         tag = getattr(torch.Tag, "nondeterministic_seeded", None)
-        name = func.overloadpacket.__name__
-        hit = _DRAWS[func] = (tag is not None and tag in getattr(func, "tags", ())
-                              and not any(s in name for s in _DROPOUT_ONLY))
-    return hit
+        hit = tag is not None and tag in getattr(func, "tags", ())
+        if hit and any(s in func.overloadpacket.__name__ for s in _DROPOUT_ONLY):
+            hit = tuple(a.name for a in func._schema.arguments)
+        _DRAWS[func] = hit
+    if hit is True or hit is False:
+        return hit
+    named = dict(zip(hit, args))
+    named.update(kwargs or {})
+    p = named.get("dropout_p", named.get("dropout"))
+    return isinstance(p, (int, float)) and p > 0 and bool(named.get("train", True))
 
 
 def _upcast(x):
@@ -117,7 +127,7 @@ class CpuRandomMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _draws_random(func):
+        if not _draws_random(func, args, kwargs):
             return func(*args, **kwargs)
         flat = tree_flatten((args, kwargs))[0]
         devs = [x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
@@ -180,7 +190,7 @@ class _ProgramTracer(StepTracer):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._internal or _draws_random(func):
+        if self._internal or _draws_random(func, args, kwargs):
             if self._held and not self._internal:  # a seeded normal_/bernoulli_ may write a held output
                 self._guard_writes(_op_info(func).writes, args, kwargs)
             return func(*args, **kwargs)
