@@ -500,7 +500,8 @@ def test_samples_taken_together_equal_samples_taken_one_by_one(device):
     tensor afterwards leaves its sample as it was."""
     g = torch.Generator().manual_seed(3)
     ts = [torch.randn(5000, generator=g), torch.randn(40, 30, generator=g).t(), torch.randn(7, generator=g).half(),
-          torch.randn(0), torch.randn(3, generator=g).bfloat16(), torch.randn(64, 64, generator=g)]
+          torch.randn(0), torch.randn(3, generator=g).bfloat16(), torch.randn(64, 64, generator=g),
+          torch.randn(9, generator=g, dtype=torch.float64)]  # alone in its group, and float64 already
     ts = [t.to(device) for t in ts]
     one = [metrics.take_sample(t, 1024) for t in ts]
     together = metrics.take_samples(ts, 1024)

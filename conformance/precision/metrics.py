@@ -130,7 +130,7 @@ def take_samples(ts: Sequence[torch.Tensor], max_elements: int = DEFAULT_MAX_ELE
         groups.setdefault((t.device, t.dtype), []).append(i)
     for idx in groups.values():
         vals = [sampled_values(ts[i], max_elements)[0] for i in idx]
-        joined = torch.cat(vals) if len(vals) > 1 else vals[0]
+        joined = torch.cat(vals)  # a copy even of one tensor: a float64 CPU view would come back from to_home as is
         host = to_home(joined, torch.device("cpu"), torch.float64)
         for i, part in zip(idx, host.split([v.numel() for v in vals])):
             out[i] = part

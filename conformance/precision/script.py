@@ -75,7 +75,7 @@ def seed_everything(seed: int = SEED) -> None:
 #: seeded ops that draw only for an internal dropout (attention kernels, recurrent layers, the fused attention
 #: backend choice): they draw random numbers only when their ``dropout_p`` / ``dropout`` argument is over 0 (and,
 #: where they have one, ``train`` is set). With the audit's dropout patch (SDPA's ``dropout_p`` forced to 0) an
-#: attention kernel computes deterministically, so it runs where the program put them and is compared like any op.
+#: attention kernel computes deterministically, so it runs where the program put it and is compared like any op.
 #: Rerouting every one of them to the CPU generator, as the tag alone would, sent a device attention kernel's
 #: inputs to the host on every call (a synchronising copy, then the CPU attempt failing back to the device) and kept
 #: them out of the tracers' records. A recurrent layer with a dropout between its layers (``nn.LSTM(dropout=...)``,

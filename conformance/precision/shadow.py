@@ -180,7 +180,7 @@ def _named(func, args, kwargs) -> Dict[str, Any]:
     return named
 
 
-def _math_attention_args(func, name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
+def _math_attention_args(name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
     """``(query, key, value)`` and the math attention's keywords for a device attention kernel's arguments. Raises
     :class:`UnshadowedError` for a dropout (its random mask has no float64 counterpart)."""
     if named.get("dropout_p"):
@@ -196,7 +196,7 @@ def _attention_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     (output 0): ``fn`` is ``F.scaled_dot_product_attention``."""
     import torch.nn.functional as F
 
-    qkv, kw = _math_attention_args(func, name, _named(func, args, kwargs))
+    qkv, kw = _math_attention_args(name, _named(func, args, kwargs))
     return F.scaled_dot_product_attention, qkv, kw
 
 
@@ -223,7 +223,7 @@ def _attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict
     query, key and value): :func:`math_attention_grads`."""
     named = _named(func, args, kwargs)
     grad = named["grad_out"] if "grad_out" in named else named["grad_out_"]
-    qkv, kw = _math_attention_args(func, name, named)
+    qkv, kw = _math_attention_args(name, named)
     return math_attention_grads, (grad, *qkv), kw
 
 
@@ -422,14 +422,9 @@ class Shadow:
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        last = self._last_call
-        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3].home == home:
-            # another output of the op call planned just before (native_layer_norm's mean and rstd, a backward's
-            # three gradients): the same template and inputs, so run one by one the siblings make one call
-            first = last[3]
-            key = None if first.key is None else (func, out_index, home) + first.key[3:]
-            return ShadowJob(func, first.args, first.kwargs, first.inputs, home, out_index, out, "full", key,
-                             shared=True)
+        sibling = self._sibling(func, args, kwargs, home, out_index, out)
+        if sibling is not None:
+            return sibling
         job = self._job(func, args, kwargs, home, out_index, out, "full")
         self._last_call = (func, args, kwargs, job)
         return job
@@ -444,15 +439,25 @@ class Shadow:
         if self.sample and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
-        last = self._last_call
-        if last is not None and last[0] is func and last[1] is args and last[2] is kwargs and last[3].home == home:
-            first = last[3]
-            return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index, out, "full", None,
-                             shared=True)
+        sibling = self._sibling(func, args, kwargs, home, out_index, out)
+        if sibling is not None:
+            return sibling
         fn, a, k = _attention_backward_call(func, name, args, kwargs)
         job = self._job(fn, a, k, home, out_index, out, "full", batch=False)
         self._last_call = (func, args, kwargs, job)
         return job
+
+    def _sibling(self, func, args, kwargs, home, out_index, out) -> Optional[ShadowJob]:
+        """The job of another output of the op call planned just before (native_layer_norm's mean and rstd, a
+        backward's three gradients), sharing its float64 call, template and inputs (run one by one, the siblings
+        make one call); None when the last call planned is another."""
+        last = self._last_call
+        if last is None or last[0] is not func or last[1] is not args or last[2] is not kwargs or last[3].home != home:
+            return None
+        first = last[3]
+        key = None if first.key is None else (first.fn, out_index, home) + first.key[3:]
+        return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index, out, "full", key,
+                         shared=True)
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
         inputs: List[torch.Tensor] = []
