@@ -609,3 +609,37 @@ def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend):
     for r in att:
         print(backend, r.phase, r.out_index, {k: r.local.get(k) for k in ("rms_rel", "mismatch_frac", "exceeds")})
         assert r.shadow_error is None and r.local["nan_inf_mismatch"] == 0 and not r.local["exceeds"], (r.phase, r.local)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednns_lstm_layer_is_shadowed_by_the_written_out_lstm(bias):
+    """On the CPU an ``nn.LSTM`` runs as oneDNN's ``mkldnn_rnn_layer``, which has no float64 kernel: its shadow is the
+    LSTM written out step by step (:func:`shadow.math_lstm_layer`), one float64 call for output, h and c, both
+    directions (``reverse``), with and without biases; its backward says why it is not shadowed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    calls = []
+
+    class Capture(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ == "mkldnn_rnn_layer":
+                calls.append((func, args, kwargs or {}, out))
+            return out
+
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(5, 7, num_layers=2, bias=bias, bidirectional=True, batch_first=True)
+    with Capture():
+        m(torch.randn(3, 4, 5))
+    if not calls:
+        pytest.skip("this torch build does not run nn.LSTM through oneDNN on the CPU")
+    assert {bool(a[7]) for _, a, _, _ in calls} == {False, True}  # both directions met
+    sh = shadow.Shadow()
+    for func, args, kwargs, out in calls:
+        jobs = [sh.plan(func, args, kwargs, out[i], i) for i in range(3)]
+        sh.flush(jobs)
+        for j, o in zip(jobs, out[:3]):
+            assert j.error is None and j.ref.dtype == torch.float64, j.error
+            torch.testing.assert_close(j.ref, o.double(), rtol=1e-5, atol=1e-6)
+    assert sh.shared_jobs == 2 * len(calls)
+    with pytest.raises(shadow.UnshadowedError, match="no float64 form"):
+        sh.plan(torch.ops.aten.mkldnn_rnn_layer_backward.default, (), {}, out[0], 0)

@@ -227,6 +227,35 @@ def _attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict
     return math_attention_grads, (grad, *qkv), kw
 
 
+def math_lstm_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse=False):
+    """``(output, h, c)`` of one LSTM layer in one direction, written out step by step (gates in torch's order
+    i, f, g, o; ``input`` time-major ``[T, B, I]``, ``hx``/``cx`` ``[B, H]``; ``reverse``: from the last step to
+    the first, each output at its own time index; ``b_ih``/``b_hh`` None without biases): what oneDNN's
+    ``mkldnn_rnn_layer`` computes on the CPU, in the arguments' dtype."""
+    x = input @ w_ih.transpose(0, 1)
+    if b_ih is not None:
+        x = x + b_ih + b_hh
+    h, c = hx, cx
+    outs = [None] * input.size(0)
+    for t in (range(input.size(0) - 1, -1, -1) if reverse else range(input.size(0))):
+        i, f, g, o = (x[t] + h @ w_hh.transpose(0, 1)).chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs[t] = h
+    return torch.stack(outs), h, c
+
+
+def _lstm_layer_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
+    """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer`` (outputs 0-2: output, h, c): :func:`math_lstm_layer`.
+    Raises :class:`UnshadowedError` for what it does not cover (another cell than the LSTM, packed sequences)."""
+    n = _named(func, args, kwargs)
+    if n.get("mode") != 2 or n.get("batch_sizes"):
+        raise UnshadowedError(f"{name} with mode {n.get('mode')} or packed sequences has no float64 form here")
+    biased = bool(n.get("has_biases", True))
+    return (math_lstm_layer, (n["input"], n["weight0"], n["weight1"], n["weight2"] if biased else None,
+                              n["weight3"] if biased else None, n["hx_"], n["cx_"]), {"reverse": bool(n["reverse"])})
+
+
 class _Slot:
     """Where input ``k`` of a :class:`ShadowJob` goes in its argument template."""
 
@@ -414,6 +443,11 @@ class Shadow:
             return self._job(fn, a, k, home, 0, out, "full", batch=False)
         if name in _DEVICE_ATTENTION_BACKWARD:
             return self._attention_backward(func, name, args, kwargs, out, out_index, home)
+        if name == "mkldnn_rnn_layer":
+            return self._math_form(func, name, args, kwargs, out, out_index, home, _lstm_layer_call)
+        if name == "mkldnn_rnn_layer_backward":  # oneDNN has no float64: a float64 call of it only raises
+            raise UnshadowedError(f"{name} has no float64 form here; compared against the reference run where it "
+                                  "has a counterpart")
         big = self.sample and out.numel() > self.max_elements
         if big and out_index == 0:
             fast = self._sampled(func, name, args, kwargs, out, home)
@@ -431,18 +465,25 @@ class Shadow:
 
     def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> ShadowJob:
         """The job of gradient ``out_index`` (0-2: query, key, value) of a device attention kernel's backward: the
-        math attention's gradients (:func:`math_attention_grads`), one float64 call for the three (shared jobs).
-        Raises :class:`UnshadowedError` for the bias gradient, and for outputs over ``HUGE_FACTOR x
-        max_elements`` (the math attention keeps the whole score matrix in float64)."""
+        math attention's gradients (:func:`math_attention_grads`). Raises :class:`UnshadowedError` for the bias
+        gradient (see :meth:`_math_form` for the rest)."""
         if out_index > 2:
             raise UnshadowedError(f"{name} output {out_index} (the bias gradient) is not shadowed")
+        return self._math_form(func, name, args, kwargs, out, out_index, home, _attention_backward_call)
+
+    def _math_form(self, func, name, args, kwargs, out, out_index, home, call) -> ShadowJob:
+        """The job of output ``out_index`` of a kernel whose float64 reference is a written-out math form
+        (``call(func, name, args, kwargs)`` gives its ``(fn, args, kwargs)``, ``fn`` returning the compared outputs
+        first): one float64 call for all of a call's outputs (shared jobs). Raises :class:`UnshadowedError` for
+        outputs over ``HUGE_FACTOR x max_elements`` (the math forms keep whole intermediates in float64) and
+        whatever ``call`` raises."""
         if self.sample and out.numel() > HUGE_FACTOR * self.max_elements:
             raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
                                   "compared against the reference run only")
         sibling = self._sibling(func, args, kwargs, home, out_index, out)
         if sibling is not None:
             return sibling
-        fn, a, k = _attention_backward_call(func, name, args, kwargs)
+        fn, a, k = call(func, name, args, kwargs)
         job = self._job(fn, a, k, home, out_index, out, "full", batch=False)
         self._last_call = (func, args, kwargs, job)
         return job

@@ -48,7 +48,8 @@ _SKIP = {
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
-#: the CPU reference; value: (canonical name, how many leading outputs are comparable).
+#: the CPU reference; value: (canonical name, how many leading outputs are comparable: a kernel's workspace or
+#: random-state outputs are not results).
 _CANONICAL = {
     "_scaled_dot_product_flash_attention_for_cpu": ("scaled_dot_product_attention", 1),
     "_scaled_dot_product_flash_attention": ("scaled_dot_product_attention", 1),
@@ -58,6 +59,8 @@ _CANONICAL = {
     "_scaled_dot_product_flash_attention_backward": ("scaled_dot_product_attention_backward", 3),
     "_scaled_dot_product_efficient_attention_backward": ("scaled_dot_product_attention_backward", 3),
     "_scaled_dot_product_cudnn_attention_backward": ("scaled_dot_product_attention_backward", 3),
+    # oneDNN's LSTM layer on the CPU: output, h, c (its fourth output is a workspace, not a result)
+    "mkldnn_rnn_layer": ("mkldnn_rnn_layer", 3),
 }
 
 
