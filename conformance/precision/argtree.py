@@ -1,4 +1,4 @@
-"""Leaves of an aten op's arguments, fast: the tracers walk every op's ``(args, kwargs)``.
+"""Leaves and names of an aten op's arguments, fast: the tracers walk every op's ``(args, kwargs)``.
 
 An op reaching ``__torch_dispatch__`` carries only nested tuples, lists and dicts of leaves
 (tensors, numbers, dtypes, devices, None ...), so a plain recursive walk is exact here and about
@@ -7,7 +7,7 @@ Pure functions; thread-safe.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 _CONTAINERS = (tuple, list)
 
@@ -40,3 +40,12 @@ def map_leaves(fn: Callable[[Any], Any], o: Any) -> Any:
     if isinstance(o, dict):
         return {k: map_leaves(fn, v) for k, v in o.items()}
     return fn(o)
+
+
+def named_arguments(func: Any, args: tuple, kwargs: Any = None) -> Dict[str, Any]:
+    """An aten overload's arguments by their schema names (positional ones zipped with ``func._schema``, keyword
+    ones as given): for ops whose argument positions differ between torch versions (cudnn attention took
+    ``attn_bias`` from 2.5 on) or that are read by name (a dropout's ``p`` and ``train``)."""
+    named = dict(zip((a.name for a in func._schema.arguments), args))
+    named.update(kwargs or {})
+    return named

@@ -46,7 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .argtree import map_leaves
+from .argtree import map_leaves, named_arguments
 from .metrics import sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
@@ -81,8 +81,9 @@ def seed_everything(seed: int = SEED) -> None:
 #: them out of the tracers' records. A recurrent layer with a dropout between its layers (``nn.LSTM(dropout=...)``,
 #: which the patch does not reach) still draws, from the CPU generator in both runs as before.
 _DROPOUT_ONLY = ("attention", "rnn", "lstm", "gru", "_fused_sdp_choice")
-#: per overload: True (draws), False (does not), or the schema's argument names (draws when its dropout is on)
+#: per overload: True (draws), False (does not), or :data:`_IF_DROPOUT` (draws when its dropout is on in the call)
 _DRAWS: Dict[Any, Any] = {}
+_IF_DROPOUT = "if its dropout is on"
 
 
 def _draws_random(func, args: tuple = (), kwargs: Optional[dict] = None) -> bool:
@@ -95,12 +96,11 @@ def _draws_random(func, args: tuple = (), kwargs: Optional[dict] = None) -> bool
         tag = getattr(torch.Tag, "nondeterministic_seeded", None)
         hit = tag is not None and tag in getattr(func, "tags", ())
         if hit and any(s in func.overloadpacket.__name__ for s in _DROPOUT_ONLY):
-            hit = tuple(a.name for a in func._schema.arguments)
+            hit = _IF_DROPOUT
         _DRAWS[func] = hit
-    if hit is True or hit is False:
+    if hit is not _IF_DROPOUT:
         return hit
-    named = dict(zip(hit, args))
-    named.update(kwargs or {})
+    named = named_arguments(func, args, kwargs)
     p = named.get("dropout_p", named.get("dropout"))
     return isinstance(p, (int, float)) and p > 0 and bool(named.get("train", True))
 

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .argtree import map_leaves
+from .argtree import map_leaves, named_arguments
 from .metrics import DEFAULT_MAX_ELEMENTS, to_home
 
 _F64 = torch.float64
@@ -172,14 +172,6 @@ _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product
 _DEVICE_ATTENTION_BACKWARD = {n + "_backward" for n in _DEVICE_ATTENTION}
 
 
-def _named(func, args, kwargs) -> Dict[str, Any]:
-    """``func``'s arguments by their schema names (these kernels' positions differ between torch versions:
-    cudnn attention took ``attn_bias`` from 2.5 on)."""
-    named = dict(zip((a.name for a in func._schema.arguments), args))
-    named.update(kwargs)
-    return named
-
-
 def _math_attention_args(name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
     """``(query, key, value)`` and the math attention's keywords for a device attention kernel's arguments. Raises
     :class:`UnshadowedError` for a dropout (its random mask has no float64 counterpart)."""
@@ -196,7 +188,7 @@ def _attention_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     (output 0): ``fn`` is ``F.scaled_dot_product_attention``."""
     import torch.nn.functional as F
 
-    qkv, kw = _math_attention_args(name, _named(func, args, kwargs))
+    qkv, kw = _math_attention_args(name, named_arguments(func, args, kwargs))
     return F.scaled_dot_product_attention, qkv, kw
 
 
@@ -221,7 +213,7 @@ def math_attention_grads(grad_out, query, key, value, attn_mask=None, is_causal=
 def _attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     """``(fn, args, kwargs)`` standing for a device attention kernel's backward (outputs 0-2: the gradients of
     query, key and value): :func:`math_attention_grads`."""
-    named = _named(func, args, kwargs)
+    named = named_arguments(func, args, kwargs)
     grad = named["grad_out"] if "grad_out" in named else named["grad_out_"]
     qkv, kw = _math_attention_args(name, named)
     return math_attention_grads, (grad, *qkv), kw
@@ -248,7 +240,7 @@ def math_lstm_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse=False):
 def _lstm_layer_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer`` (outputs 0-2: output, h, c): :func:`math_lstm_layer`.
     Raises :class:`UnshadowedError` for what it does not cover (another cell than the LSTM, packed sequences)."""
-    n = _named(func, args, kwargs)
+    n = named_arguments(func, args, kwargs)
     if n.get("mode") != 2 or n.get("batch_sizes"):
         raise UnshadowedError(f"{name} with mode {n.get('mode')} or packed sequences has no float64 form here")
     biased = bool(n.get("has_biases", True))
