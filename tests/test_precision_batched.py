@@ -90,21 +90,25 @@ def test_batched_statistics_match_the_definitions(monkeypatch, length_class):
             bits, min_exp = (10, -13) if q.target_dtype == torch.float16 else (7, -125)
             ulps = [x / 2.0 ** (max(math.frexp(a if a > 0 else 1.0)[1] - 1, min_exp) - bits) for x, a in zip(d, ar)]
             assert s["ulp_max"] == pytest.approx(max(ulps), rel=1e-12)
-    # CPU: float16's rows of 1500 and 1025 alone (and bfloat16's, float64's); device classes: those two together
-    assert sorted(calls) == ([1] * 6 if length_class == 1 else [1, 1, 1, 1, 2])
+    # one matrix holds every dtype; CPU: rows of 5 and 33 together, 1500 and 1025 (and 4096 and 3000) over the
+    # chunk; a device's classes: the rows of 5-1500 elements together, then 3000 and 4096
+    assert sorted(calls) == ([1, 1, 1, 1, 2] if length_class == 1 else [2, 4])
 
 
-@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.booleans())
+@given(st.lists(st.tuples(st.integers(1, 40), st.sampled_from(_DTYPES)), min_size=1, max_size=6), st.booleans())
 @settings(max_examples=40, deadline=None)
-def test_both_padded_layouts_hold_each_row_then_zeros(lens, given_lengths):
-    """The CPU's row-by-row copy and the devices' masked scatter lay out the same float64 matrix."""
+def test_both_padded_layouts_hold_each_row_then_zeros(rows_, given_lengths):
+    """The CPU's row-by-row copy and the devices' masked scatter (one per run of a dtype, the rows sorted by dtype as
+    the statistics sort them) lay out the same float64 matrix."""
+    rows_ = sorted(rows_, key=lambda r: str(r[1]))
+    lens = [n for n, _ in rows_]
     g = torch.Generator().manual_seed(sum(lens))
-    xs = [torch.randn(n, generator=g, dtype=torch.float32) for n in lens]
+    xs = [torch.randn(n, generator=g, dtype=torch.float64).to(dt) for n, dt in rows_]
     rows = metrics._padded_rows(xs, lens, "test")
     lengths = torch.tensor(lens, dtype=torch.float64).unsqueeze(1) if given_lengths else None
-    scattered = metrics._padded_scatter(xs, lens, lengths)
-    assert rows.dtype == torch.float64 and rows.shape == (len(lens), max(lens))
-    assert torch.equal(rows, scattered.double())
+    scattered = metrics._padded_runs(xs, lens, torch.device("cpu"), lengths)
+    assert rows.dtype == scattered.dtype == torch.float64 and rows.shape == (len(lens), max(lens))
+    assert torch.equal(rows, scattered)
     for row, x, n in zip(rows, xs, lens):
         assert torch.equal(row[:n], x.double()) and not row[n:].any()
 

@@ -230,3 +230,43 @@ def test_a_scripts_attention_is_compared_not_taken_for_a_random_draw(tmp_path):
     for m in att.values():
         assert m["module"] == "Attention" and m["status"] == "ok"
         assert m["local"] is not None and m["total"] is not None, m
+
+
+def test_the_program_tracer_skips_only_the_audits_random_mode_below_it():
+    """In a script's child the tracer sits on the audit's random-stream mode: the program's ops on plain tensors skip
+    that pass-through (one C++ guard, not a second Python mode per op) and its draws still reach it; a mode the
+    program entered itself before the window keeps seeing every op, and the records are the same either way."""
+    import types
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hal.conformance.precision.script import CpuRandomMode, _ProgramTracer
+    aten = torch.ops.aten
+
+    def seeing(base):
+        class Seeing(base):
+            def __init__(self):
+                super().__init__()
+                self.seen = []
+
+            def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+                self.seen.append(func)
+                return super().__torch_dispatch__(func, types_, args, kwargs) if base is CpuRandomMode \
+                    else func(*args, **(kwargs or {}))
+        return Seeing()
+
+    x, w = torch.randn(8, 16), torch.randn(16, 4, requires_grad=True)
+    recorded = {}
+    for base in (CpuRandomMode, TorchDispatchMode):
+        below = seeing(base)
+        with below:
+            tr = _ProgramTracer(types.SimpleNamespace(truncated=False, sample_bytes=0), "target", shadow=False)
+            with tr:
+                (x @ w).relu().sum().backward()
+                torch.randint(0, 5, (3,))
+        recorded[base] = [(r.phase, r.op) for r in tr.records]
+        assert tr.direct_below is (base is CpuRandomMode)
+        assert aten.randint.low in below.seen  # the draw reaches the mode below in both cases
+        assert (aten.mm.default in below.seen) is (base is TorchDispatchMode), below.seen
+    assert recorded[CpuRandomMode] == recorded[TorchDispatchMode] and ("backward", "mm") in recorded[CpuRandomMode]

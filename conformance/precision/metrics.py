@@ -62,17 +62,18 @@ _ABSENT = object()
 
 
 def sample_flat_index_on(shape, max_elements: int, device: torch.device) -> Optional[torch.Tensor]:
-    """:func:`sample_flat_index` on ``device``, copied there once and cached: the samplers index every op
-    output with the same few index sets, and a host-to-device copy per op would cost a transfer each
-    time. Looked up by ``(shape, max_elements, device)`` as given (a ``torch.Size`` finds the entry of the equal
+    """:func:`sample_flat_index` on ``device``, copied there once (:func:`host_to`: no synchronisation, which
+    inside a compared step on the H200 waited for the step's queued kernels at each new shape) and cached: the
+    samplers index every op output with the same few index sets, and a host-to-device copy per op would cost a
+    transfer each time. Looked up by ``(shape, max_elements, device)`` as given (a ``torch.Size`` finds the entry of the equal
     tuple), small shapes' None cached too: this runs for every op output the tracers record. Bounded (cleared
     past 4096 entries)."""
     k = (shape, max_elements, device)
     hit = _device_index_cache.get(k, _ABSENT)
     if hit is _ABSENT:
         hit = sample_flat_index(shape, max_elements)
-        if hit is not None and device.type != "cpu":
-            hit = hit.to(device)
+        if hit is not None:
+            hit = host_to(hit, device)
         if len(_device_index_cache) > 4096:
             _device_index_cache.clear()
         _device_index_cache[k] = hit
@@ -202,12 +203,13 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
                       "mismatch_frac": 0.0, "nan_inf_mismatch": 0, "exceeds": False, "rule": q.rule}
             continue
         # rows of similar length share a matrix (on the CPU padding at most doubles a row, or pads it to 1024;
-        # see _LENGTH_CLASS), and of one dtype and device on each side, so each side is laid out where it is
-        # and moved once
-        key = (max(10, (n - 1).bit_length()) // per_class, q.target.dtype, q.target.device, q.ref.dtype,
-               q.ref.device)
+        # see _LENGTH_CLASS), and of one device on each side, so each side is laid out where it is and moved
+        # once; the dtypes of a bucket are laid out in runs (:func:`_padded`), not a bucket each (on the H200 a
+        # bucket is ~2 ms of host time, and an autocast step has float16 and float32 rows of every length)
+        key = (max(10, (n - 1).bit_length()) // per_class, q.target.device, q.ref.device)
         buckets.setdefault(key, []).append(i)
     for idx in buckets.values():
+        idx.sort(key=lambda i: (str(requests[i].target.dtype), str(requests[i].ref.dtype)))  # stable: runs
         start, longest = 0, 0
         for k, i in enumerate(idx):
             n = requests[i].target.numel()
@@ -219,9 +221,10 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
     return out  # type: ignore[return-value]
 
 
-def _on(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A small CPU tensor on ``dev``: itself on the CPU; on CUDA through pinned memory without waiting (the
-    caching host allocator keeps the pinned block until the copy has run); elsewhere ``to``."""
+def host_to(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``dev`` without synchronising: itself on the CPU; on CUDA through pinned memory,
+    non-blocking (the caching host allocator keeps the pinned block until the copy has run: a copy from pageable
+    memory waits for every kernel queued before it, on a step in flight the whole step); elsewhere ``to``."""
     if dev.type == "cpu":
         return host
     if dev.type == "cuda":
@@ -231,13 +234,27 @@ def _on(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 def _padded(xs: List[torch.Tensor], lens: List[int], home: torch.device,
             lengths: Optional[torch.Tensor], slot: str) -> torch.Tensor:
-    """``xs`` (one dtype and device) flattened as the rows of a float64 ``[len(xs), max(lens)]`` matrix on
-    ``home``, zero-padded: from CPU tensors to the CPU :func:`_padded_rows` (in the :func:`scratch` buffer
-    ``slot``), else :func:`_padded_scatter` where they are, then :func:`to_home`. ``lengths``: ``lens`` as a
-    ``[len(xs), 1]`` tensor on ``xs``' device, when the caller has one there (else it is made)."""
+    """``xs`` (one device; dtypes in contiguous runs) flattened as the rows of a float64 ``[len(xs), max(lens)]``
+    matrix on ``home``, zero-padded: from CPU tensors to the CPU :func:`_padded_rows` (in the :func:`scratch`
+    buffer ``slot``), else :func:`_padded_scatter` of each run of one dtype where they are, then :func:`to_home`
+    (and one concatenation there). ``lengths``: ``lens`` as a ``[len(xs), 1]`` tensor on ``xs``' device, when the
+    caller has one there (else it is made)."""
     if home.type == "cpu" and xs[0].device.type == "cpu":
         return _padded_rows(xs, lens, slot)
-    return to_home(_padded_scatter(xs, lens, lengths), home, torch.float64)
+    return _padded_runs(xs, lens, home, lengths)
+
+
+def _padded_runs(xs: List[torch.Tensor], lens: List[int], home: torch.device, lengths: Optional[torch.Tensor]
+                 ) -> torch.Tensor:
+    """:func:`_padded`'s matrix made where ``xs`` are: one :func:`_padded_scatter` per run of one dtype."""
+    longest = max(lens)
+    runs, start = [], 0
+    for k in range(1, len(xs) + 1):
+        if k == len(xs) or xs[k].dtype != xs[start].dtype:
+            part = _padded_scatter(xs[start:k], lens[start:k], None if lengths is None else lengths[start:k], longest)
+            runs.append(to_home(part, home, torch.float64))
+            start = k
+    return runs[0] if len(runs) == 1 else torch.cat(runs)
 
 
 class _Scratch(threading.local):
@@ -281,24 +298,25 @@ def _padded_rows(xs: List[torch.Tensor], lens: List[int], slot: str) -> torch.Te
     return out
 
 
-def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[torch.Tensor] = None
-                    ) -> torch.Tensor:
-    """The matrix of :func:`_padded` in ``xs``' dtype and device: one concatenation and one masked scatter,
-    whatever their number (a copy per row would be a launch per row on a device)."""
+def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[torch.Tensor] = None,
+                    longest: Optional[int] = None) -> torch.Tensor:
+    """The matrix of :func:`_padded` in ``xs``' dtype (one) and device, ``longest`` wide (default: the longest
+    row): one concatenation and one masked scatter, whatever their number (a copy per row would be a launch per
+    row on a device)."""
     flat = [x.detach().reshape(-1) for x in xs]
     cat = flat[0] if len(flat) == 1 else torch.cat(flat)
-    longest = max(lens)
+    longest = max(lens) if longest is None else longest
     if all(n == longest for n in lens):
         return cat.view(len(lens), longest)
     if lengths is None:
-        lengths = torch.tensor(lens, device=cat.device).unsqueeze(1)
+        lengths = host_to(torch.tensor(lens).unsqueeze(1), cat.device)
     mask = torch.arange(longest, device=cat.device) < lengths
     return cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat)
 
 
 def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.device,
                 out: List[Optional[Dict[str, float]]]) -> None:
-    """Statistics of the requests ``idx`` (one dtype and device per side), zero-padded into one
+    """Statistics of the requests ``idx`` (one device per side, dtypes in runs), zero-padded into one
     ``[rows, longest]`` matrix (padding is finite and error-free, so it adds nothing to any sum or
     maximum; it is taken off the counts)."""
     from .thresholds import MISMATCH_FRACTION, MODULE_COSINE_MIN
@@ -310,7 +328,7 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     # every per-row parameter in one host table, moved in one copy (each small tensor made on a device is a
     # copy of its own, synchronous from pageable memory): length, rtol, atol, norm-wise, mantissa bits and
     # the target's smallest normal exponent
-    params = _on(torch.tensor([[n, q.rtol, q.atol, q.normwise, b, -13 if q.target_dtype == torch.float16 else -125]
+    params = host_to(torch.tensor([[n, q.rtol, q.atol, q.normwise, b, -13 if q.target_dtype == torch.float16 else -125]
                                for n, q, b in zip(lens, qs, bits16)], dtype=f64), dev)
     n_col, rtol, atol = params[:, 0:1], params[:, 1:2], params[:, 2:3]
 

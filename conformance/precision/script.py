@@ -43,11 +43,11 @@ import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .argtree import map_leaves, named_arguments
-from .metrics import sample_flat_index_on, take_samples, warm_statistics
+from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
 
@@ -147,7 +147,7 @@ class CpuRandomMode(TorchDispatchMode):
         if name.endswith("_") and args and isinstance(args[0], torch.Tensor):  # in place on the device tensor
             args[0].copy_(out if isinstance(out, torch.Tensor) else cargs[0])
             return args[0]
-        return tree_map(lambda t: t.to(devs[0]) if isinstance(t, torch.Tensor) else t, out)
+        return tree_map(lambda t: host_to(t, devs[0]) if isinstance(t, torch.Tensor) else t, out)
 
 
 class _SampledShadow(Shadow):
@@ -186,7 +186,13 @@ class _ProgramTracer(StepTracer):
         self.recording = True
 
     def __enter__(self):  # no per-model hooks: the owner's global hooks call _pre/_post (exit: StepTracer's)
-        return super(StepTracer, self).__enter__()
+        out = super(StepTracer, self).__enter__()
+        # the mode below is the audit's random-stream mode, a pass-through for every op that draws nothing (this
+        # tracer sends it the draws): the program's other ops skip it (StepTracer.direct_below), unless the program
+        # entered a mode of its own first
+        below = _get_current_dispatch_mode_stack()[:-1]
+        self.direct_below = all(isinstance(m, CpuRandomMode) for m in below)
+        return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -213,7 +219,7 @@ class _ProgramTracer(StepTracer):
                 args, kwargs = map_leaves(_upcast, args), map_leaves(_upcast, kwargs)
         if len(self.records) + len(self.samples) >= MAX_RECORDS:
             self.owner.truncated = True
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        return self._dispatch(func, types, args, kwargs)
 
     def _observe(self, phase, module, op, t, out_index, **kw):
         if self.owner.truncated:
@@ -223,6 +229,8 @@ class _ProgramTracer(StepTracer):
                 self.owner.truncated = True
                 return
             self.owner.sample_bytes += min(t.numel(), self.max_elements) * 8
+            if t.numel() > self.max_elements:
+                self.owner.sample_shapes.add(tuple(t.shape))
         super()._observe(phase, module, op, t, out_index, **kw)
         if self.role == "target" and len(self.records) >= MAX_RECORDS:
             self.owner.truncated = True
@@ -267,6 +275,9 @@ class ProgramPrecision:
         self.modules = modules
         self.truncated = False
         self.sample_bytes = 0
+        #: the reference's: the shapes of the outputs it sampled, whose sample positions the target puts on its
+        #: device before the window (:meth:`_prepare_statistics`)
+        self.sample_shapes: set = set()
         self.window = "not started"  # -> open -> closed
         self.closed_by: Optional[str] = None
         self.reasons: List[str] = []
@@ -315,8 +326,9 @@ class ProgramPrecision:
     def _prepare_statistics(self, module: torch.nn.Module, args: Any) -> None:
         """Target, at the first top-level forward (the program has picked its device by then), for the float64
         home of the device the module computes on (its first parameter's, else its first tensor input's):
-        the statistics' kernels are used once there (:func:`warm_statistics`), and the reference samples
-        move there in one copy (a packed buffer, split into views), so that no step's statistics move them.
+        the statistics' kernels are used once there (:func:`warm_statistics`), the sample positions of every shape
+        the reference sampled are put on the module's device (a first use inside the window was a copy there),
+        and the reference samples move there in one copy (a packed buffer, split into views), so that no step's statistics move them.
         On the H200 the first total comparisons of a process cost 205 ms of host time once (1-2 ms afterwards),
         inside the compared window; with the samples on the device a window's statistics replayed in 7.4 ms
         instead of 12-13 (5 buckets instead of 9). Samples stay on the CPU where float64 does (an MLU, the CPU
@@ -333,6 +345,8 @@ class ProgramPrecision:
         keys = [k for k, v in (samples or {}).items() if v.device != home and v.dtype == torch.float64]
         with self._internal():
             warm_statistics(home)
+            for shape in (self.ref or {}).get("sample_shapes", ()) if samples else ():
+                sample_flat_index_on(tuple(shape), SCRIPT_MAX_ELEMENTS, first.device)
             if home.type == "cpu" or not keys:
                 return
             packed = torch.cat([samples[k].reshape(-1) for k in keys]).to(home)
@@ -626,6 +640,7 @@ class ProgramPrecision:
             torch.save({"samples": self.tracer.samples if self.tracer is not None else {},
                         "grads": self.grads, "params": self.params, "grads_at_backward": self.grads_at_backward,
                         "init_fp": self.init_fp, "input_fps": self.input_fps, "truncated": self.truncated,
+                        "sample_shapes": sorted(self.sample_shapes),
                         "closed_by": self.closed_by}, tmp)
         os.replace(tmp, self.samples_path)
 

@@ -335,7 +335,7 @@ _ROW_DIM = {"_softmax": 1, "_log_softmax": 1, "_softmax_backward_data": 2, "_log
 def _direct_form(job: ShadowJob):
     """A function of the stacked float64 inputs (``[G, ...]`` each) that computes the group's references
     (``[G, ...]``) with one plain op, for the op families that have one: matrix products (``bmm`` /
-    ``baddbmm``), sums over dims, last-dim softmax and its backward, and point-wise ops (each input viewed
+    ``baddbmm``), sums over dims, floating casts, last-dim softmax and its backward, and point-wise ops (each input viewed
     with the output's rank, so broadcasting works per job); None for the rest (vmap, or one by one)."""
     fn, a, kw = job.fn, job.args, job.kwargs
     slots = all(isinstance(x, _Slot) for x in a)
@@ -360,6 +360,11 @@ def _direct_form(job: ShadowJob):
         shifted = [d + 1 if d >= 0 else d for d in dims] if dims else list(range(1, job.inputs[0].dim() + 1))
         keep = bool(a[2]) if len(a) == 3 else False
         return lambda xs: torch.sum(xs[0], shifted, keepdim=keep, dtype=kw.get("dtype"))
+    if fn is torch.ops.aten._to_copy.default and len(a) == 1 and isinstance(a[0], _Slot) \
+            and kw.get("dtype", _F64) is _F64 and job.target.is_floating_point():
+        # a cast (autocast makes dozens a step): its float64 form is its input in float64, which the stacked
+        # input already is (a non-floating input is cast here)
+        return lambda xs: xs[0].to(_F64)
     name = getattr(getattr(fn, "overloadpacket", None), "__name__", None)
     pos = _ROW_DIM.get(name)
     if pos is not None and len(a) > pos and isinstance(a[pos], int) and a[pos] < 0 and not kw:

@@ -170,6 +170,14 @@ def modes_set_aside() -> contextlib.AbstractContextManager:
     return aside
 
 
+#: the two C++ guards under which no Python mode, no tensor subclass's ``__torch_dispatch__`` and no
+#: ``__torch_function__`` runs (where :func:`modes_set_aside` pops and pushes the mode stack in Python, ~10 us on
+#: the H200's host); only for calls whose tensors are plain ``torch.Tensor`` (a subclass would lose its own
+#: dispatch) made from a mode whose modes below may be skipped (``StepTracer.direct_below``)
+_NO_PYTHON_DISPATCH = torch._C._DisableTorchDispatch
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+
+
 def _widen(x):
     if isinstance(x, torch.dtype) and x.is_floating_point:
         return torch.float64
@@ -253,6 +261,9 @@ class StepTracer(TorchDispatchMode):
         #: part of :attr:`finalize_ms`, earlier ones not), and the statistics took (part of it)
         self.shadow_ms = 0.0
         self.statistics_ms = 0.0
+        #: whether every dispatch mode below this one may be skipped for the program's ops on plain tensors (a
+        #: subclass sets it when those modes are its own pass-throughs; False: each op reaches them, in Python)
+        self.direct_below = False
 
     # -- module hooks ---------------------------------------------------------------------
     def __enter__(self):
@@ -432,7 +443,19 @@ class StepTracer(TorchDispatchMode):
                         _copy_held(holder, slot)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self._dispatch(func, types, args, kwargs or {})
+
+    def _dispatch(self, func, types, args, kwargs):
+        """The body of :meth:`__torch_dispatch__` (a subclass calls it from its own: torch wraps every
+        ``__torch_dispatch__`` in a dynamo-disabling frame, a few microseconds a call, so ``super()`` would pay it
+        twice). With :attr:`direct_below` set and plain tensors only, the op and the bookkeeping run with Python
+        dispatch off (:data:`_NO_PYTHON_DISPATCH`), not through the modes below in Python."""
+        if self.direct_below and (not types or all(t is torch.Tensor for t in types)):
+            with _NO_PYTHON_DISPATCH(), _NO_TORCH_FUNCTION():
+                return self._record(func, args, kwargs, aside=False)
+        return self._record(func, args, kwargs, aside=True)
+
+    def _record(self, func, args, kwargs, aside: bool):
         if self.role == "reference" and not self._internal:
             # the reference runs *every* floating computation in float64, explicit casts included
             args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
@@ -457,7 +480,7 @@ class StepTracer(TorchDispatchMode):
         inputs = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor)]
         # the bookkeeping's own ops (views, samples) are not the program's: no other mode (the audit's random-stream
         # and redirect modes in a script's child) need see them
-        with modes_set_aside():
+        with modes_set_aside() if aside else contextlib.nullcontext():
             for i, o in enumerate(outs):
                 if isinstance(o, torch.Tensor) and o.numel() > 0 and (
                         o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
