@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -208,16 +208,20 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
         # bucket is ~2 ms of host time, and an autocast step has float16 and float32 rows of every length)
         key = (max(10, (n - 1).bit_length()) // per_class, q.target.device, q.ref.device)
         buckets.setdefault(key, []).append(i)
+    pending = []  # on a device each matrix's results are read after every matrix is queued: one wait, not one each
     for idx in buckets.values():
         idx.sort(key=lambda i: (str(requests[i].target.dtype), str(requests[i].ref.dtype)))  # stable: runs
         start, longest = 0, 0
         for k, i in enumerate(idx):
             n = requests[i].target.numel()
             if k > start and max(longest, n) * (k + 1 - start) > limit:
-                _stats_rows(requests, idx[start:k], dev, out)
+                pending.append(_stats_rows(requests, idx[start:k], dev, out))
                 start, longest = k, 0
             longest = max(longest, n)
-        _stats_rows(requests, idx[start:], dev, out)
+        pending.append(_stats_rows(requests, idx[start:], dev, out))
+    for fill in pending:
+        if fill is not None:
+            fill()
     return out  # type: ignore[return-value]
 
 
@@ -314,13 +318,19 @@ def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[t
     return cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat)
 
 
+def _queued(dev: torch.device) -> bool:
+    """Whether the statistics on ``dev`` are queued without a synchronisation until their results are read (a
+    device: yes; the CPU, where nothing is queued: no)."""
+    return dev.type != "cpu"
+
+
 def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.device,
-                out: List[Optional[Dict[str, float]]]) -> None:
+                out: List[Optional[Dict[str, float]]]) -> Optional[Callable[[], None]]:
     """Statistics of the requests ``idx`` (one device per side, dtypes in runs), zero-padded into one
     ``[rows, longest]`` matrix (padding is finite and error-free, so it adds nothing to any sum or
-    maximum; it is taken off the counts)."""
-    from .thresholds import MISMATCH_FRACTION, MODULE_COSINE_MIN
-
+    maximum; it is taken off the counts), into ``out``: now on the CPU (returns None); on a device the
+    kernels are queued and the returned function reads their results (the one synchronisation) and fills
+    ``out``."""
     f64 = torch.float64
     qs = [requests[i] for i in idx]
     lens = [q.target.numel() for q in qs]
@@ -337,10 +347,11 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     targets, refs = [q.target for q in qs], [q.ref for q in qs]
     t = _padded(targets, lens, dev, lengths_on(targets), "target")
     r = _padded(refs, lens, dev, lengths_on(refs), "ref")
-    # finite row sums mean finite elements (a NaN or Inf carries into the sum, and into the sum of both sums;
-    # a sum that overflows only sends the chunk down the exact path): two passes without temporaries, and one
-    # synchronisation, instead of two isfinite masks
-    if bool(torch.isfinite(t.sum(1).add_(r.sum(1))).all()):  # the usual case
+    # on the CPU, finite row sums mean finite elements (a NaN or Inf carries into the sum, and into the sum of both
+    # sums; a sum that overflows only sends the chunk down the exact path): two passes without temporaries instead
+    # of two isfinite masks. On a device the masks cost a few launches, where that test's synchronisation waited
+    # for every float64 shadow queued before the statistics
+    if not _queued(dev) and bool(torch.isfinite(t.sum(1).add_(r.sum(1))).all()):  # the usual case
         both, tb, rb = None, t, r
         nonfin_rows = torch.zeros(len(qs), dtype=f64, device=dev)
         nb = params[:, 0]
@@ -388,7 +399,19 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
         bits, min_exp = params[:, 4:6].to(e.dtype).unbind(1)
         u = torch.ldexp(d, bits.unsqueeze(1) - torch.maximum(e.sub_(1), min_exp.unsqueeze(1)), out=buf("u"))
         cols += [u.amax(1), u.sum(1)]
-    for k, (i, q, n, row) in enumerate(zip(idx, qs, lens, torch.stack(cols, 1).tolist())):
+    table = torch.stack(cols, 1)
+    if not _queued(dev):
+        _fill_rows(idx, qs, lens, bits16, table.tolist(), out)
+        return None
+    return lambda: _fill_rows(idx, qs, lens, bits16, table.tolist(), out)
+
+
+def _fill_rows(idx: List[int], qs: List[StatsRequest], lens: List[int], bits16: List[int], rows: List[list],
+               out: List[Optional[Dict[str, float]]]) -> None:
+    """The result dicts of :func:`_stats_rows`' requests from their rows of the statistics table."""
+    from .thresholds import MISMATCH_FRACTION, MODULE_COSINE_MIN
+
+    for k, (i, q, n, row) in enumerate(zip(idx, qs, lens, rows)):
         sd, sd2, sr, sr2_, st2, str_, nb_, rms_ref_, nonfin_, bad_, max_rel, max_abs = row[:12]
         denom = math.sqrt(st2) * math.sqrt(sr2_)
         cosine = str_ / denom if denom > 0 else (1.0 if st2 == sr2_ else 0.0)
