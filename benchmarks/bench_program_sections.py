@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="profiled (and plain) steps; precision runs' bound")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="out/bench_program_sections.json")
+    p.add_argument("--no-cpu-shadows", action="store_true",
+                   help="on a device that computes float64, skip the windows with the float64 shadows on the CPU")
     p.add_argument("--profile-only", action="store_true",
                    help="only the profile section (its overhead ratio over more repeats, quicker)")
     p.add_argument("script_args", nargs="*", default=["--iters", "20", "--batch", "8", "--seq", "64"])
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
                "profile_ratio_min": prof["min"] / plain["min"],
                "precision_verdict": pr["verdict"], "precision_warm_verdict": warm["precision"].get("verdict"),
                "precision_primed_verdict": primed["precision"].get("verdict")}
-        if a.device not in ("cpu", "mlu"):  # a device that may compute float64 itself: its shadows there too
+        if a.device not in ("cpu", "mlu") and not a.no_cpu_shadows:  # a device that may compute float64: the CPU too
             for tag, env in (("cpu_shadow", {"HAL_PRECISION_SHADOW_DEVICE": "cpu"}),):
                 for warm_steps, kind in ((1, "warm"), (0, "cold")):
                     v, _ = _sections(a, warm_steps, False, env)
