@@ -452,7 +452,7 @@ def _direct_cases(g: torch.Generator = None):
 
     def r(*shape):
         return torch.randn(*shape, generator=g)
-    return {  # op, arguments of one job (each job of a group gets fresh values), output index
+    return {  # op, arguments of one job (each job of a group gets fresh values), output index[, keyword arguments]
         "add, broadcast rank": lambda: (aten.add.Tensor, (r(4, 8), r(8)), 0),
         "mul, 0-dim operand": lambda: (aten.mul.Tensor, (r(3, 5), r(())), 0),
         "frexp, first of two outputs": lambda: (aten.frexp.Tensor, (r(4, 8),), 0),
@@ -461,6 +461,9 @@ def _direct_cases(g: torch.Generator = None):
         "softmax, last dim": lambda: (aten._softmax.default, (r(5, 9), -1, False), 0),
         "sum over dims": lambda: (aten.sum.dim_IntList, (r(2, 3, 4), [0, -1]), 0),
         "sum over every dim, kept": lambda: (aten.sum.dim_IntList, (r(3, 5), [], True), 0),
+        "cast to float16": lambda: (aten._to_copy.default, (r(4, 8),), 0, {"dtype": torch.float16}),
+        "cast of integers": lambda: (aten._to_copy.default, (torch.randint(-9, 9, (4, 8), generator=g),), 0,
+                                     {"dtype": torch.bfloat16}),
     }
 
 
@@ -473,11 +476,12 @@ def test_direct_batched_forms_equal_single_float64_calls(monkeypatch, case):
     jobs, singles = [], []
     g = torch.Generator().manual_seed(1)  # one stream: every job of the group gets its own values
     for _ in range(3):
-        func, args, k = _direct_cases(g)[case]()
-        out = func(*args)
+        func, args, k, *kw = _direct_cases(g)[case]()
+        kw = kw[0] if kw else {}
+        out = func(*args, **kw)
         out = out[k] if isinstance(out, tuple) else out
-        jobs.append(sh.plan(func, args, {}, out, k))
-        singles.append(shadow.Shadow().run(func, args, {}, out, k)[1])
+        jobs.append(sh.plan(func, args, kw, out, k))
+        singles.append(shadow.Shadow().run(func, args, kw, out, k)[1])
     assert shadow._direct_form(jobs[0]) is not None
     sh.flush(jobs)
     assert sh.batched_calls == 1 and sh.vmap_calls == 0 and not shadow._UNBATCHABLE

@@ -326,9 +326,10 @@ class ProgramPrecision:
     def _prepare_statistics(self, module: torch.nn.Module, args: Any) -> None:
         """Target, at the first top-level forward (the program has picked its device by then), for the float64
         home of the device the module computes on (its first parameter's, else its first tensor input's):
-        the statistics' kernels are used once there (:func:`warm_statistics`), the sample positions of every shape
-        the reference sampled are put on the module's device (a first use inside the window was a copy there),
-        and the reference samples move there in one copy (a packed buffer, split into views), so that no step's statistics move them.
+        the statistics' kernels are used once there (:func:`warm_statistics`), the sample positions of every
+        shape the reference sampled are put on the module's device (a first use inside the window was a copy
+        there), and the reference samples move there in one copy (a packed buffer, split into views), so that no
+        step's statistics move them.
         On the H200 the first total comparisons of a process cost 205 ms of host time once (1-2 ms afterwards),
         inside the compared window; with the samples on the device a window's statistics replayed in 7.4 ms
         instead of 12-13 (5 buckets instead of 9). Samples stay on the CPU where float64 does (an MLU, the CPU

@@ -335,8 +335,9 @@ _ROW_DIM = {"_softmax": 1, "_log_softmax": 1, "_softmax_backward_data": 2, "_log
 def _direct_form(job: ShadowJob):
     """A function of the stacked float64 inputs (``[G, ...]`` each) that computes the group's references
     (``[G, ...]``) with one plain op, for the op families that have one: matrix products (``bmm`` /
-    ``baddbmm``), sums over dims, floating casts, last-dim softmax and its backward, and point-wise ops (each input viewed
-    with the output's rank, so broadcasting works per job); None for the rest (vmap, or one by one)."""
+    ``baddbmm``), sums over dims, casts to a floating dtype, last-dim softmax and its backward, and point-wise ops
+    (each input viewed with the output's rank, so broadcasting works per job); None for the rest (vmap, or one by
+    one)."""
     fn, a, kw = job.fn, job.args, job.kwargs
     slots = all(isinstance(x, _Slot) for x in a)
     if fn is torch.ops.aten.mm.default and len(a) == 2 and slots and not kw:
