@@ -140,6 +140,9 @@ def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
     for run in (ref, tgt):
         assert any("loss scale 65536" in line for line in run["output_tail"]), run["output_tail"]
     assert not any("loss curve" in why or "skipped GradScaler" in why for why in p.get("not_compared") or [])
+    # autocast's casts have no float64 counterpart: the reason counts them by op and says why
+    unmatched = [why for why in p["not_compared"] if "no counterpart" in why]
+    assert len(unmatched) == 1 and "by op: _to_copy " in unmatched[0] and "makes none" in unmatched[0], unmatched
 
 
 def test_a_crashed_profile_run_is_run_again(tmp_path):

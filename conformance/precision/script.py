@@ -36,6 +36,7 @@ silently). Not thread-safe: one instance per child process, driven from the prog
 """
 from __future__ import annotations
 
+import collections
 import math
 import random
 import types
@@ -234,6 +235,11 @@ class _ProgramTracer(StepTracer):
         super()._observe(phase, module, op, t, out_index, **kw)
         if self.role == "target" and len(self.records) >= MAX_RECORDS:
             self.owner.truncated = True
+
+
+#: why an op's outputs may have no counterpart in the float64 run, for the report's reason
+_UNMATCHED_WHY = {"_to_copy": " (casts, autocast's or the program's: the float64 run, every floating tensor float64 "
+                              "there, makes none)"}
 
 
 def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
@@ -700,10 +706,13 @@ class ProgramPrecision:
                 not_compared.append("gradients and parameters: the first optimizer step came after a different "
                                     "number of backward passes in the two runs (a skipped GradScaler step, or a "
                                     "reference run that ended early)")
-            missing = sum(1 for r in records if r.total is None and r.kind == "op")
+            missing = collections.Counter(r.op for r in records if r.total is None and r.kind == "op")
             if missing:
-                not_compared.append(f"{missing} op output(s) have no counterpart in the float64 reference run's op "
-                                    "stream (keyed by phase, module, op, occurrence): local error only")
+                by_op = ", ".join(f"{op} {n}" + (_UNMATCHED_WHY.get(op, "")) for op, n in missing.most_common(5))
+                more = len(missing) - 5
+                not_compared.append(f"{sum(missing.values())} op output(s) have no counterpart in the float64 "
+                                    "reference run's op stream (keyed by phase, module, op, occurrence): local error "
+                                    f"only; by op: {by_op}" + (f" and {more} more op(s)" if more > 0 else ""))
             if ref.get("truncated"):
                 not_compared.append("the reference run stopped storing samples (op or size cap reached)")
         if self.truncated:
