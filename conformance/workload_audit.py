@@ -351,8 +351,11 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                          + (f"; {'; '.join(tgt.get('hook_errors') or [])}" if tgt.get("hook_errors") else "")}
     rows = pr["rows"]
     if not [r for r in rows if r["kind"] == "op"]:
+        run = tgt.get("run") or {}
+        # a program that ended before its first module forward (an import it lacks, a bad argument) says so first
+        failed = f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " if run.get("error") else ""
         return {"verdict": "error", "verified": False, "note": note, "run": _run_line(tgt),
-                "error": "no floating-point op ran inside a module forward: nothing to compare",
+                "error": f"{failed}no floating-point op ran inside a module forward: nothing to compare",
                 "not_compared": pr.get("not_compared")}
     not_compared = list(pr.get("reasons") or []) + list(pr.get("not_compared") or [])
     ref_line, tgt_line = ref.get("run") or {}, tgt.get("run") or {}

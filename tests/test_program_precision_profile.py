@@ -123,6 +123,15 @@ def test_section_that_cannot_be_produced_exits_3(tmp_path):
     assert doc["precision"]["verdict"] == "error" and "module forward" in doc["precision"]["error"]
     assert doc["profile"]["verdict"] == "error" and "no module forward ran" in doc["profile"]["error"]
     assert "precision: NOT PRODUCED" in r.stdout and "profile: NOT PRODUCED" in r.stdout
+    # a program that ends before its first module forward (an import it lacks, as pytorch/examples'
+    # time_sequence_prediction without matplotlib): both sections give the program's own error first
+    script = tmp_path / "imports_what_it_lacks.py"
+    script.write_text("import torch\nimport a_module_hal_lacks  # noqa: F401\n")
+    r, doc = _audit(tmp_path / "b", str(script), "--device", "cpu", "--precision", "--profile")
+    assert r.returncode == 3, r.stdout[-1500:] + r.stderr[-1500:]
+    for section in ("precision", "profile"):
+        assert doc[section]["error"].startswith("the program run error: ModuleNotFoundError: No module named "
+                                                "'a_module_hal_lacks'; "), doc[section]["error"]
 
 
 def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
