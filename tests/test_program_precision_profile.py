@@ -282,3 +282,15 @@ def test_the_program_tracer_skips_only_the_audits_random_mode_below_it():
         assert aten.randint.low in below.seen  # the draw reaches the mode below in both cases
         assert (aten.mm.default in below.seen) is (base is TorchDispatchMode), below.seen
     assert recorded[CpuRandomMode] == recorded[TorchDispatchMode] and ("backward", "mm") in recorded[CpuRandomMode]
+
+
+def test_an_optimizer_that_runs_a_closure_inside_its_step_is_said_so(tmp_path):
+    """LBFGS runs the program's forward and backward inside ``step(closure)`` and zeroes the gradients before its
+    next evaluation: the window closes there, and the reason names the closure, not a missing optimizer."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "lbfgs_closure.py"), "--device", "cpu", "--precision",
+                    "--steps", "2")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["verdict"] == "pass" and p["summary"]["matched_reference"] > 0, p.get("first_divergence")
+    why = [x for x in p["not_compared"] if x.startswith("gradients and parameters")]
+    assert len(why) == 1 and "step(closure)" in why[0] and "no optimizer," not in why[0], p["not_compared"]

@@ -96,6 +96,7 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/launch-experiment-*/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
     "reports/cuda/launch-experiment-*/routing-*.json": _req("measured", "default", "ops", "sweep"),
     "reports/h200/*/env.json": ENV_FINGERPRINT,
+    "reports/h200/program-sections/env-*.json": ENV_FINGERPRINT,
     "reports/h200/program-sections/bench_program_sections_*.json": _req("script", "device", "summary", "repeats"),
     # benchmarks/bench_precision.py --device cuda: the shadowed step in steady state, beside plain and the floor
     "reports/h200/program-sections/bench_precision_*.json": _req("benchmark", "model", "config", "device", "results",

@@ -284,6 +284,8 @@ class ProgramPrecision:
         #: the reference's: the shapes of the outputs it sampled, whose sample positions the target puts on its
         #: device before the window (:meth:`_prepare_statistics`)
         self.sample_shapes: set = set()
+        #: optimizer steps in progress (a step(closure) runs the program's forward and backward inside it)
+        self._stepping = 0
         self.window = "not started"  # -> open -> closed
         self.closed_by: Optional[str] = None
         self.reasons: List[str] = []
@@ -510,7 +512,9 @@ class ProgramPrecision:
 
     def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.window == "open" and self.backwards > self._backwards_at_open and torch.is_grad_enabled():
-            self._close("the next training forward began before any optimizer step "
+            self._close("the optimizer's closure began its next evaluation inside the step (step(closure), as "
+                        "LBFGS does: its gradients are zeroed by then)" if self._stepping else
+                        "the next training forward began before any optimizer step "
                         "(no optimizer, or the step was skipped)")
         if self.window == "closed":
             if self.role == "reference" and module not in self.converted:
@@ -611,6 +615,7 @@ class ProgramPrecision:
         return out
 
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
+        self._stepping += 1
         self.optimizers.add(opt)
         self._end_primer()
         if self.window == "open":
@@ -622,6 +627,7 @@ class ProgramPrecision:
                         f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
 
     def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
+        self._stepping = max(0, self._stepping - 1)
         import time
         now = time.perf_counter()
         if self.window == "closed" and self.t_last is not None:
