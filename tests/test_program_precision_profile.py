@@ -294,3 +294,19 @@ def test_an_optimizer_that_runs_a_closure_inside_its_step_is_said_so(tmp_path):
     assert p["verdict"] == "pass" and p["summary"]["matched_reference"] > 0, p.get("first_divergence")
     why = [x for x in p["not_compared"] if x.startswith("gradients and parameters")]
     assert len(why) == 1 and "step(closure)" in why[0] and "no optimizer," not in why[0], p["not_compared"]
+
+
+def test_a_sampling_loop_between_training_steps_is_named_as_what_stopped_the_profile(tmp_path):
+    """A program that samples from its model after its first step (one no-grad forward per token, minGPT's chargpt)
+    reaches the audit's bound on forward passes before the profile's schedule is done: the reason names that loop and
+    does not ask for more iterations or a larger --steps (the bound grows with it); without the loop the profile is
+    produced."""
+    prog = str(FIX / "precision" / "sample_between_steps.py")
+    r, doc = _audit(tmp_path / "a", prog, "--device", "cpu", "--profile", "--steps", "2")
+    assert r.returncode == 3, r.stdout[-1500:] + r.stderr[-1500:]
+    err = doc["profile"]["error"]
+    assert "forward passes without grad followed training step 1" in err and "shortens or skips that loop" in err, err
+    assert "pass more iterations" not in err
+    r, doc = _audit(tmp_path / "b", prog, "--device", "cpu", "--profile", "--steps", "2", "--", "--sample", "0")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert doc["profile"].get("step_ms") and not doc["profile"].get("error"), doc["profile"].get("error")

@@ -415,11 +415,23 @@ class ProgramProfile:
         attr = int(self.device_timed)
         need = 2 + 2 * self.P + 2 * attr
         if self.step < need:
-            not_measured.append(f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'}); "
-                                f"the schedule needs {need} (1 warm-up, {self.P} plain, "
+            lim = self.limiter
+            trained = lim is not None and (getattr(lim, "optimizer_steps", 0) or getattr(lim, "backward_passes", 0))
+            if trained and getattr(lim, "stopped_by", None) == "forward passes":
+                # an evaluation or generation loop between training steps (minGPT's chargpt samples 500 tokens at
+                # iteration 0): more iterations of the program would not help, and a larger --steps raises this bound
+                # and the schedule alike
+                ended = (f"the audit stopped the program after {self.step} step(s): {lim.eval_forwards} forward "
+                         f"passes without grad followed training step {trained} (an evaluation or generation loop), "
+                         f"the most this run allows ({lim.limit}, as many as the schedule's steps)")
+                advice = ("a program argument that shortens or skips that loop (a larger --steps raises this bound "
+                          "and the schedule alike)")
+            else:
+                ended = f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'})"
+                advice = "pass more iterations to the program or a larger --steps"
+            not_measured.append(f"{ended}; the schedule needs {need} (1 warm-up, {self.P} plain, "
                                 f"{'1 profiler warm-up, ' if attr else ''}{self.P} profiled, "
-                                f"{'1 attribution, ' if attr else ''}1 analysis): pass more iterations to the "
-                                "program or a larger --steps")
+                                f"{'1 attribution, ' if attr else ''}1 analysis): {advice}")
         if not self.started:
             not_measured.append("no module forward ran: nothing to profile")
         has_device = False
