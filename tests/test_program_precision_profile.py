@@ -284,16 +284,20 @@ def test_the_program_tracer_skips_only_the_audits_random_mode_below_it():
     assert recorded[CpuRandomMode] == recorded[TorchDispatchMode] and ("backward", "mm") in recorded[CpuRandomMode]
 
 
-def test_an_optimizer_that_runs_a_closure_inside_its_step_is_said_so(tmp_path):
+def test_an_optimizer_that_runs_a_closure_inside_its_step_is_compared_too(tmp_path):
     """LBFGS runs the program's forward and backward inside ``step(closure)`` and zeroes the gradients before its
-    next evaluation: the window closes there, and the reason names the closure, not a missing optimizer."""
+    next evaluation: the window closes after the closure's first backward, its gradients are compared there and the
+    parameters after the first update (at the closure's next forward), in both runs alike."""
     r, doc = _audit(tmp_path, str(FIX / "precision" / "lbfgs_closure.py"), "--device", "cpu", "--precision",
                     "--steps", "2")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     p = doc["precision"]
     assert p["verdict"] == "pass" and p["summary"]["matched_reference"] > 0, p.get("first_divergence")
-    why = [x for x in p["not_compared"] if x.startswith("gradients and parameters")]
-    assert len(why) == 1 and "step(closure)" in why[0] and "no optimizer," not in why[0], p["not_compared"]
+    assert "step(closure)" in p["target"]["compared_window"], p["target"]["compared_window"]
+    assert p["summary"]["gradients"] == 4 and p["summary"]["parameters"] == 4, (p["summary"], p["not_compared"])
+    rows = [m for m in p["metrics"] if m["kind"] in ("gradient", "parameter")]
+    assert len(rows) == 8 and all(m["status"] == "ok" and m["total"] is not None for m in rows), rows
+    assert not any(x.startswith("gradients and parameters") for x in p["not_compared"]), p["not_compared"]
 
 
 def test_a_sampling_loop_between_training_steps_is_named_as_what_stopped_the_profile(tmp_path):

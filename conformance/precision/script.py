@@ -284,8 +284,12 @@ class ProgramPrecision:
         #: the reference's: the shapes of the outputs it sampled, whose sample positions the target puts on its
         #: device before the window (:meth:`_prepare_statistics`)
         self.sample_shapes: set = set()
-        #: optimizer steps in progress (a step(closure) runs the program's forward and backward inside it)
+        #: optimizer steps in progress (a step(closure) runs the program's forward and backward inside it), and the
+        #: optimizer of the latest
         self._stepping = 0
+        self._stepping_opt: Any = None
+        #: gradients were sampled at the window's close; the parameters are, after the update that follows
+        self._pending_params = False
         self.window = "not started"  # -> open -> closed
         self.closed_by: Optional[str] = None
         self.reasons: List[str] = []
@@ -412,6 +416,7 @@ class ProgramPrecision:
             owner._record_loss(tensors)
             out = real_backward(tensors, *a, **k)
             owner.backwards += 1
+            owner._after_backward()
             return out
         backward.__wrapped__ = real_backward  # type: ignore[attr-defined]
         self._patch(torch.autograd, "backward", backward)
@@ -512,11 +517,11 @@ class ProgramPrecision:
 
     def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.window == "open" and self.backwards > self._backwards_at_open and torch.is_grad_enabled():
-            self._close("the optimizer's closure began its next evaluation inside the step (step(closure), as "
-                        "LBFGS does: its gradients are zeroed by then)" if self._stepping else
-                        "the next training forward began before any optimizer step "
+            self._close("the next training forward began before any optimizer step "
                         "(no optimizer, or the step was skipped)")
         if self.window == "closed":
+            if self._pending_params and self._stepping:  # a closure's next evaluation: one update since the window
+                self._take_params(self._stepping_opt)
             if self.role == "reference" and module not in self.converted:
                 self._convert(module)
             return
@@ -616,15 +621,36 @@ class ProgramPrecision:
 
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
         self._stepping += 1
+        self._stepping_opt = opt
         self.optimizers.add(opt)
         self._end_primer()
         if self.window == "open":
-            with self._internal():
-                self.grads.update(self._samples([(name, p.grad) for name, p in self._named(opt) if p.grad is not None]))
-                self.grads_at_backward = self.backwards
-            self._pending_params = True
-            self._close("the first optimizer step" if not self.warm_steps else
-                        f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
+            self._take_grads(opt, "the first optimizer step" if not self.warm_steps else
+                             f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
+
+    def _after_backward(self) -> None:
+        """A backward inside an optimizer step (``step(closure)``, as LBFGS runs the program's forward and backward)
+        ends the window there: the closure's next evaluation zeroes the gradients first."""
+        if self.window == "open" and self._stepping and self._stepping_opt is not None:
+            self._take_grads(self._stepping_opt, "the first evaluation of the optimizer's closure inside "
+                             "step(closure), as LBFGS runs it (parameters after its first update)")
+
+    def _take_grads(self, opt: Any, why: str) -> None:
+        """Sample ``opt``'s gradients, close the window with ``why``; the parameters follow after the update."""
+        with self._internal():
+            self.grads.update(self._samples([(name, p.grad) for name, p in self._named(opt) if p.grad is not None]))
+            self.grads_at_backward = self.backwards
+        self._pending_params = True
+        self._close(why)
+
+    def _take_params(self, opt: Any) -> None:
+        """Sample ``opt``'s parameters (after the update that follows the compared gradients), once."""
+        self._pending_params = False
+        with self._internal():
+            self.params.update(self._samples([(name, p.detach()) for name, p in self._named(opt)]))
+            self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
+        if self.role == "reference":
+            self._save()
 
     def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
         self._stepping = max(0, self._stepping - 1)
@@ -633,13 +659,8 @@ class ProgramPrecision:
         if self.window == "closed" and self.t_last is not None:
             self.after_ms.append((now - self.t_last) * 1e3)
         self.optimizer_steps += 1
-        if getattr(self, "_pending_params", False):
-            self._pending_params = False
-            with self._internal():
-                self.params.update(self._samples([(name, p.detach()) for name, p in self._named(opt)]))
-                self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
-            if self.role == "reference":
-                self._save()
+        if self._pending_params:
+            self._take_params(opt)
         if self.window == "closed":
             self.t_last = time.perf_counter()
 
