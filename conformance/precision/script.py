@@ -22,7 +22,9 @@ into its result file. The parent (:mod:`hal.conformance.workload_audit`) runs th
 
 Window (``precision_warm_steps`` = 0, what the audit does): from the first top-level forward to the
 first optimizer step (pre-hook) — evaluation
-forwards before it included —, or to the next grad-enabled top-level forward after a backward (a
+forwards before it included —, or, for an optimizer that runs the program's forward and backward inside
+``step(closure)`` (LBFGS), to the end of the closure's first backward (the parameters are then sampled at the
+closure's next forward, after one update), or to the next grad-enabled top-level forward after a backward (a
 step the program or its GradScaler skipped), or, in a program that built no optimizer and ran no
 backward, to the end of the first top-level forward. With ``precision_warm_steps`` = N > 0 (the
 overhead benchmark's warmed-up window) both runs let N optimizer steps pass first and open it at the
