@@ -299,10 +299,8 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                     f"{len(crashes)} profiled run(s) crashed before this one ({'; '.join(map(str, crashes))}); "
                     "these figures are from the last run")
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
-                run = res.get("run") or {}
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"
-                failed = f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " \
-                    if run.get("error") else ""
+                failed = _run_failure(res)
                 out["profile"] = {"verdict": "error", "verified": False, "run": _run_line(res),
                                   "error": f"{failed}nothing profiled: {why}",
                                   "not_measured": (prof or {}).get("not_measured"), "note": note}
@@ -317,6 +315,13 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
         if not os.environ.get("HAL_DEBUG"):
             shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+def _run_failure(res: dict) -> str:
+    """``"the program run <status>: <error>; "`` for a child result whose program failed, else ``""``: what a section
+    that could not be produced says first."""
+    run = res.get("run") or {}
+    return f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " if run.get("error") else ""
 
 
 def _program_precision(request: dict, workdir: str, info: Any, run_device: str, note: str) -> dict:
@@ -351,9 +356,8 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                          + (f"; {'; '.join(tgt.get('hook_errors') or [])}" if tgt.get("hook_errors") else "")}
     rows = pr["rows"]
     if not [r for r in rows if r["kind"] == "op"]:
-        run = tgt.get("run") or {}
         # a program that ended before its first module forward (an import it lacks, a bad argument) says so first
-        failed = f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " if run.get("error") else ""
+        failed = _run_failure(tgt)
         return {"verdict": "error", "verified": False, "note": note, "run": _run_line(tgt),
                 "error": f"{failed}no floating-point op ran inside a module forward: nothing to compare",
                 "not_compared": pr.get("not_compared")}

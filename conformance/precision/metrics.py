@@ -226,7 +226,7 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
 
 
 def host_to(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A small CPU tensor on ``dev`` without synchronising: itself on the CPU; on CUDA through pinned memory,
+    """A CPU tensor on ``dev`` without synchronising: itself on the CPU; on CUDA through pinned memory,
     non-blocking (the caching host allocator keeps the pinned block until the copy has run: a copy from pageable
     memory waits for every kernel queued before it, on a step in flight the whole step); elsewhere ``to``."""
     if dev.type == "cpu":
