@@ -8,10 +8,10 @@
 #
 # Usage, from the project root:  OUT=/some/dir bash benchmarks/h200_kernels.sh
 # Writes directly in $OUT: h200_kernels.log, env.json, routing.json, bench_kernels.json,
-# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json, host_path.json, tune_softmax_bwd.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
+# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json, host_path.json, tune_softmax_bwd.json, tune_lce.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
 # ...) are installed first when present. Each step has its own time limit; a failing step does not
 # stop the rest; the exit status is the number of failed steps. H200_STEPS picks steps (comma-separated:
-# tests,forced,host,sweep,bench,e2e,timing,dispatch,tune,tune-softmax; default all); without the sweep, the benchmarks route by
+# tests,forced,host,sweep,bench,e2e,timing,dispatch,tune,tune-softmax,tune-lce; default all); without the sweep, the benchmarks route by
 # the shipped table (backends/cuda/kernels/routing.json).
 set -u
 OUT=${OUT:-$PWD/out}
@@ -79,6 +79,11 @@ fi
 if want tune-softmax; then
 step "softmax backward plans: single pass (warps) against two passes, torch and Liger (benchmarks/tune_softmax_bwd.py)"
 run 120 $PY benchmarks/tune_softmax_bwd.py --json "$OUT/tune_softmax_bwd.json"
+fi
+
+if want tune-lce; then
+step "fused linear + cross-entropy: vocabulary padded or not, per row count, beside torch (benchmarks/tune_lce.py)"
+run 240 $PY benchmarks/tune_lce.py --json "$OUT/tune_lce.json"
 fi
 
 if want tune; then

@@ -120,7 +120,11 @@ def test_never_materialises_full_logits():
 
 
 def test_chunk_rows_and_supports():
-    assert chunk_rows(8192, 50257, 2, 256 << 20) == 888  # 256 MiB / (50257 * 6 B), multiple of 8
+    # 256 MiB / (50257 * 6 B) = 890 rows fit, 888 as a multiple of 8: 8192 rows make 10 chunks of 824 (819.2 up to 8)
+    assert chunk_rows(8192, 50257, 2, 256 << 20) == 824
+    assert chunk_rows(4096, 50304, 4, 256 << 20) == 1024  # 1328 fit: 4 even chunks, not 3 x 1328 + 112
+    assert chunk_rows(1330, 50304, 4, 256 << 20) == 672  # 2 chunks of 665, up to a multiple of 8
+    assert chunk_rows(1328, 50304, 4, 256 << 20) == 1328  # one chunk
     assert chunk_rows(10, 50257, 4) == 10
     assert chunk_rows(10**6, 10**9, 4) == 1
     assert chunk_rows(8192, 50257, 4, 256 << 20) * 50257 * 4 <= 256 << 20

@@ -36,6 +36,11 @@ CHUNK_BYTES = 256 << 20
 PAD_VOCAB_TO = 64
 
 
+#: rows per call from which the Triton path pads the vocabulary, per input dtype (others: always): measured by
+#: ``benchmarks/tune_lce.py`` (reports/cuda/tune_lce.json)
+PAD_FROM_ROWS: dict = {}
+
+
 def padded_vocab(vocab: int) -> int:
     """The class count the matmuls see: ``vocab`` rounded up to :data:`PAD_VOCAB_TO`."""
     return -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
@@ -45,12 +50,28 @@ def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHU
                float32_copy: bool = True) -> int:
     """Rows per chunk so one chunk's logits (``elem_bytes`` per element, + 4 for their float32 softmax
     copy when ``float32_copy`` and the input is not float32) fit ``budget_bytes``; at least 1, at most
-    ``n_rows``, a multiple of 8 when more than 8 rows fit (friendlier matmul shapes)."""
+    ``n_rows``. The rows are spread evenly over the fewest chunks that fit (4096 rows that fit 1328 per chunk
+    make 4 chunks of 1024, not 3 of 1328 and one of 112: a thin last chunk runs its matmuls far below the
+    others' rate), rounded up to a multiple of 8 when more than 8 rows fit (friendlier matmul shapes; still
+    within the budget)."""
     per_row = max(1, vocab) * (elem_bytes + (4 if float32_copy and elem_bytes != 4 else 0))
-    rows = max(1, budget_bytes // per_row)
-    if rows > 8:
-        rows -= rows % 8
-    return int(max(1, min(n_rows, rows)))
+    fit = max(1, budget_bytes // per_row)
+    if fit > 8:
+        fit -= fit % 8
+    if n_rows <= fit:
+        return int(max(1, n_rows))
+    chunks = -(-n_rows // fit)
+    rows = -(-n_rows // chunks)
+    if fit > 8:
+        rows = min(fit, -(-rows // 8) * 8)
+    return int(rows)
+
+
+def pads_vocab(n_rows: int, classes: int, dtype: torch.dtype) -> bool:
+    """Whether the Triton path pads ``classes`` (:func:`padded_vocab`) for a call of ``n_rows`` rows: the copy
+    of the weight and the cut of its gradient cost two passes over ``[vocab, hidden]`` per call, which pay off
+    only when the matmuls they align are long enough (:data:`PAD_FROM_ROWS`)."""
+    return padded_vocab(classes) != classes and n_rows >= PAD_FROM_ROWS.get(dtype, 0)
 
 
 def device_ce(x: torch.Tensor) -> Any:
@@ -168,12 +189,13 @@ def supports(input: Any, weight: Any = None, target: Any = None, bias: Any = Non
 
 def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
-                         chunk_size: Optional[int] = None) -> torch.Tensor:
+                         chunk_size: Optional[int] = None, pad_vocab: Optional[bool] = None) -> torch.Tensor:
     """``F.cross_entropy(input @ weight.T + bias, target, ignore_index=, reduction=)`` in row chunks.
 
     ``input [..., hidden]``, ``weight [vocab, hidden]``, ``bias [vocab]`` or None, ``target [...]``;
     ``reduction`` 'mean' or 'sum' (ValueError otherwise, see :func:`supports`); ``chunk_size`` rows
-    per chunk (default :func:`chunk_rows`). Returns a 0-d loss in the input dtype; differentiable
+    per chunk (default :func:`chunk_rows`); ``pad_vocab`` pads the vocabulary on the Triton path (default
+    :func:`pads_vocab`; ignored elsewhere). Returns a 0-d loss in the input dtype; differentiable
     in input, weight and bias (gradients are computed during the forward when grad is enabled)."""
     why = supports(input, weight, target, bias, ignore_index, reduction)
     if why:
@@ -182,7 +204,8 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
     t = target.reshape(-1)
     ce = device_ce(x)
     classes = weight.shape[0]
-    padded = padded_vocab(classes) if ce is not None else classes
+    pad = pads_vocab(x.shape[0], classes, x.dtype) if pad_vocab is None else pad_vocab
+    padded = padded_vocab(classes) if ce is not None and pad else classes
     rows = chunk_size or chunk_rows(x.shape[0], padded, x.element_size(), float32_copy=ce is None)
     need_grad = torch.is_grad_enabled() and any(
         p is not None and p.requires_grad for p in (input, weight, bias))
