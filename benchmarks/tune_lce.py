@@ -13,8 +13,9 @@ for every plan, and the peak memory of one call (``peak_mib``).
 
 Prints the table and, per dtype and mode, the smallest measured row count from which ``pad`` is at least as fast
 as ``nopad`` at every larger row count (by wall time up to ``WALL_ROWS`` rows, by device time above: the
-figure each size is dominated by) -- the ``PAD_FROM_ROWS`` entries, the JSON's ``tuned`` field (the larger of the
-two modes is shipped: a call does not know whether a backward follows until it has run).
+figure each size is dominated by) -- the ``PAD_FROM_ROWS`` entries (a call knows its mode: it computes the
+gradients in its forward when grad is enabled and an input requires it) -- and from which the faster of the two is
+at least as fast as torch (``TORCH_BELOW_LOGITS``'s measure); the JSON's ``tuned`` field.
 
 Usage:  python benchmarks/tune_lce.py --json out.json [--dtypes float32,bfloat16] [--quick]
 Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
@@ -93,20 +94,35 @@ def case(dtype: torch.dtype, n: int, timer) -> list[dict]:
     return rows
 
 
-def pad_from(rows: list[dict]) -> dict:
-    """``{dtype: {mode: rows}}``: the smallest measured row count from which ``pad`` is at least as fast as
-    ``nopad`` at every larger one (wall time up to :data:`WALL_ROWS` rows, device time above); null where the
-    largest is not."""
+def _judged(r: dict, plan: str) -> "float | None":
+    """A plan's figure at a row: wall time up to :data:`WALL_ROWS` rows, device time above; None if it failed."""
+    return r["plans"].get(plan, {}).get("wall_us" if r["rows"] <= WALL_ROWS else "device_us")
+
+
+def from_rows(rows: list[dict], wins) -> dict:
+    """``{dtype: {mode: rows}}``: the smallest measured row count from which ``wins(record)`` holds at every
+    larger one; null where it does not hold at the largest."""
     out: dict = {}
     for r in sorted(rows, key=lambda r: -r["rows"]):
-        key = "wall_us" if r["rows"] <= WALL_ROWS else "device_us"
-        pad, nopad = r["plans"].get("pad", {}).get(key), r["plans"].get("nopad", {}).get(key)
         slot = out.setdefault(r["dtype"], {}).setdefault(r["mode"], {"from": None, "open": True})
-        if slot["open"] and pad is not None and nopad is not None and pad <= nopad:
+        if slot["open"] and wins(r):
             slot["from"] = r["rows"]
         else:
             slot["open"] = False
     return {d: {m: v["from"] for m, v in modes.items()} for d, modes in out.items()}
+
+
+def _beats(r: dict, a: str, b: str) -> bool:
+    ta, tb = _judged(r, a), _judged(r, b)
+    return ta is not None and tb is not None and ta <= tb
+
+
+def tuned(rows: list[dict]) -> dict:
+    """``pad_from``: where ``pad`` is at least as fast as ``nopad`` (``PAD_FROM_ROWS``); ``kernel_from``: where the
+    faster of the two is at least as fast as torch (what ``TORCH_BELOW_LOGITS`` should let through)."""
+    best = {True: "pad", False: "nopad"}
+    return {"pad_from": from_rows(rows, lambda r: _beats(r, "pad", "nopad")),
+            "kernel_from": from_rows(rows, lambda r: _beats(r, best[_beats(r, "pad", "nopad")], "torch"))}
 
 
 def main(argv=None) -> int:
@@ -132,12 +148,12 @@ def main(argv=None) -> int:
                                   and "device_us" in base else None])
     print(tabulate(table, headers=["dtype", "rows", "mode", "plan", "wall us", "device us", "peak MiB", "rel err",
                                    "x torch wall", "x torch device"]))
-    tuned = pad_from(rows)
-    print("pad from rows (per dtype, per mode):", json.dumps(tuned))
+    choice = tuned(rows)
+    print("from rows (per dtype, per mode):", json.dumps(choice))
     _write(args.json, {"environment": environment(timer.device),
                        "timing": "bench_kernels' wall (back-to-back calls, host time included) and device (GPU time, "
                                  "L2 flushed) timing, per call; train = forward + backward of input and weight",
-                       "rows": rows, "tuned": tuned})
+                       "rows": rows, "tuned": choice})
     return 0
 
 

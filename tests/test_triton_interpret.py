@@ -49,7 +49,8 @@ _HAS_TRITON = _has_triton()
 pytestmark = [pytest.mark.skipif(not _HAS_TRITON, reason="triton is not importable: the interpreter tests need it"),
               pytest.mark.skipif(bool(_HAS_TRITON and _numpy_too_new()), reason=_numpy_too_new() or "-")]
 
-CASES = ["norms_layer", "norms_rms", "add_rms", "norm_plans", "routing", "softmax_silu", "cross_entropy"]
+CASES = ["norms_layer", "norms_rms", "add_rms", "norm_plans", "routing", "softmax_silu", "cross_entropy",
+         "linear_cross_entropy"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -366,6 +367,49 @@ def case_cross_entropy():
         loss.backward()
         assert torch.equal(xk.grad, torch.zeros_like(xk)), xk.grad
     print("case cross_entropy ok")
+
+
+def case_linear_cross_entropy():
+    """The fused head on the cross-entropy kernels: one chunk (the kernels' own reduction and scale) and several
+    (the loop), the vocabulary padded (97 classes -> 128) and not, with and without bias, a gradient wanted or
+    not (no_grad: no autograd Function), ignored rows, a grad_output other than 1; and every row ignored."""
+    torch = _setup()
+    import torch.nn.functional as F
+    from hal.backends.cuda.kernels import linear_cross_entropy as lce
+    assert lce.device_ce(torch.zeros(1)) is not None, "the kernels' chunk step must run on the CPU here"
+    n, h, v = 21, 16, 97
+    x, w, b = _rand(torch, (n, h), 31), _rand(torch, (v, h), 32, scale=0.3), _rand(torch, (v,), 33)
+    t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(34))
+    t[2] = t[9] = -100
+    for chunk in (None, 8):  # None: all 21 rows in one chunk
+        for pad in (True, False):
+            for bias in (None, b):
+                for reduction in ("mean", "sum"):
+                    what = f"linear_cross_entropy chunk={chunk} pad={pad} bias={bias is not None} {reduction}"
+                    (xk, wk, bk), (xd, wd, bd) = _leaves(torch, x, w, bias)
+                    ref = F.cross_entropy(F.linear(xd, wd, bd), t, reduction=reduction)
+                    with torch.no_grad():
+                        got = lce.linear_cross_entropy(xk, wk, t, bk, reduction=reduction, chunk_size=chunk,
+                                                       pad_vocab=pad)
+                    assert got.grad_fn is None, what
+                    _close(torch, got, ref, torch.float32, what + " no_grad")
+                    loss = lce.linear_cross_entropy(xk, wk, t, bk, reduction=reduction, chunk_size=chunk, pad_vocab=pad)
+                    _close(torch, loss, ref, torch.float32, what)
+                    (loss * 0.75).backward()
+                    (ref * 0.75).backward()
+                    _close(torch, xk.grad, xd.grad, torch.float32, what + " dx")
+                    _close(torch, wk.grad, wd.grad, torch.float32, what + " dw")
+                    assert wk.grad.shape == (v, h), (what, wk.grad.shape)
+                    if bias is not None:
+                        _close(torch, bk.grad, bd.grad, torch.float32, what + " db")
+    # every row ignored: the mean is NaN (torch's 0 / 0) and the gradients 0, one chunk and several
+    for chunk in (None, 8):
+        xk = x.clone().requires_grad_()
+        loss = lce.linear_cross_entropy(xk, w, torch.full_like(t, -100), chunk_size=chunk)
+        assert torch.isnan(loss), (chunk, loss)
+        loss.backward()
+        assert torch.equal(xk.grad, torch.zeros_like(x)), chunk
+    print("case linear_cross_entropy ok")
 
 
 if __name__ == "__main__":

@@ -153,16 +153,21 @@ def supports_cross_entropy(input: Any, target: Any = None, weight: Any = None, i
 #: (host-bound: a handful of launches and Python per chunk) and 0.97-1.02x at 4096 x 768 x 50257, where the
 #: memory it saves starts to matter; sizes in between were not measured
 TORCH_BELOW_LOGITS = 1 << 24
+_SMALL_HEAD = f"logits under {TORCH_BELOW_LOGITS} elements (rows x vocab): torch's reference is faster " \
+    "(TORCH_BELOW_LOGITS)"
 
 
 def supports_linear_cross_entropy(input: Any, weight: Any = None, target: Any = None, bias: Any = None,
                                   ignore_index: int = -100, reduction: str = "mean", **kw: Any) -> Optional[str]:
+    # the size first: every call of a small head runs this predicate (hal.ops' guarded chain) before torch's
+    # reference takes it, so its answer costs two attribute reads, not the full check
+    try:
+        if input.numel() // input.shape[-1] * weight.shape[0] < TORCH_BELOW_LOGITS:
+            return _SMALL_HEAD
+    except (AttributeError, IndexError, TypeError, ZeroDivisionError):
+        pass  # not tensors, 0-d or empty: the full check says which
     from hal.backends.cuda.kernels.linear_cross_entropy import supports
-    why = _tensor_reason(input) or supports(input, weight, target, bias, ignore_index, reduction, **kw)
-    if why is None and (input.numel() // input.shape[-1]) * weight.shape[0] < TORCH_BELOW_LOGITS:
-        return f"logits of {input.numel() // input.shape[-1]} x {weight.shape[0]}: below {TORCH_BELOW_LOGITS} " \
-               "elements torch's reference is faster (TORCH_BELOW_LOGITS)"
-    return why
+    return _tensor_reason(input) or supports(input, weight, target, bias, ignore_index, reduction, **kw)
 
 
 def load(op: str):

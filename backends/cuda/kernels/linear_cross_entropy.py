@@ -36,8 +36,8 @@ CHUNK_BYTES = 256 << 20
 PAD_VOCAB_TO = 64
 
 
-#: rows per call from which the Triton path pads the vocabulary, per input dtype (others: always): measured by
-#: ``benchmarks/tune_lce.py`` (reports/cuda/tune_lce.json)
+#: ``(input dtype, "infer" | "train") -> rows``: the row count from which the Triton path pads the vocabulary
+#: (None: never; a pair not listed: always), measured by ``benchmarks/tune_lce.py`` (reports/cuda/tune_lce.json)
 PAD_FROM_ROWS: dict = {}
 
 
@@ -67,16 +67,22 @@ def chunk_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int = CHU
     return int(rows)
 
 
-def pads_vocab(n_rows: int, classes: int, dtype: torch.dtype) -> bool:
-    """Whether the Triton path pads ``classes`` (:func:`padded_vocab`) for a call of ``n_rows`` rows: the copy
-    of the weight and the cut of its gradient cost two passes over ``[vocab, hidden]`` per call, which pay off
-    only when the matmuls they align are long enough (:data:`PAD_FROM_ROWS`)."""
-    return padded_vocab(classes) != classes and n_rows >= PAD_FROM_ROWS.get(dtype, 0)
+def pads_vocab(n_rows: int, classes: int, dtype: torch.dtype, train: bool) -> bool:
+    """Whether the Triton path pads ``classes`` (:func:`padded_vocab`) for a call of ``n_rows`` rows of ``dtype``
+    that computes gradients (``train``) or not: the copy of the weight (and in training the cut of its gradient)
+    costs passes over ``[vocab, hidden]`` per call, which pay off only when the matmuls they align are long enough
+    (:data:`PAD_FROM_ROWS`)."""
+    if padded_vocab(classes) == classes:
+        return False
+    start = PAD_FROM_ROWS.get((dtype, "train" if train else "infer"), 0)
+    return start is not None and n_rows >= start
 
 
 def device_ce(x: torch.Tensor) -> Any:
-    """The Triton cross-entropy kernels' module for ``x`` on CUDA when Triton imports, else None."""
-    if not x.is_cuda:
+    """The Triton cross-entropy kernels' module for ``x`` on the kernels' device (CUDA; the CPU under Triton's
+    interpreter tests, ``_rows.KERNEL_DEVICE``) when Triton imports, else None."""
+    from hal.backends.cuda.kernels import _on_kernel_device
+    if not _on_kernel_device(x):
         return None
     try:
         from hal.backends.cuda.kernels import cross_entropy
@@ -85,83 +91,103 @@ def device_ce(x: torch.Tensor) -> Any:
     return cross_entropy
 
 
+def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+             ignore_index: int, reduction: str, rows_per_chunk: int, want: tuple, ce: Any, classes: int) -> tuple:
+    """``(loss in x's dtype, grad_x, grad_w, grad_b)`` of the head over ``x [rows, hidden]`` in chunks of
+    ``rows_per_chunk`` rows, the gradients (of the loss itself, ``grad_output`` 1) computed where ``want``
+    (``(x, weight, bias)`` flags) asks, else None. ``ce``: :func:`device_ce`'s module (the Triton chunk step) or
+    None (torch ops over a float32 copy). With ``ce``, ``weight`` (and ``bias``) may carry zero rows past the
+    ``classes`` real ones (:func:`padded_vocab`): the padded logits are exactly 0, the loss and its gradient read
+    the first ``classes`` columns only, and the padded rows' gradients are 0."""
+    want_x, want_w, want_b = want
+    n = x.shape[0]
+    if ce is not None and n <= rows_per_chunk:
+        # one chunk: the cross-entropy kernels' own reduction (the loss in x's dtype, and the mean's scale left in
+        # stats for the backward kernel) -- about a third of the host time of the loop below, which is what a
+        # call of a few hundred rows costs (tune_lce.json)
+        logits = torch.nn.functional.linear(x, weight, bias)
+        real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
+        _, t, stats = ce.ce_forward(real, target, ignore_index)
+        loss = ce.ce_reduce(stats, t, reduction, x.dtype, ignore_index)
+        if not (want_x or want_w or want_b):
+            return loss, None, None, None
+        ce.ce_backward(real, t, stats, None, reduction == "mean", ignore_index, out=real)
+        return (loss, torch.mm(logits, weight) if want_x else None, torch.mm(logits.t(), x) if want_w else None,
+                logits.float().sum(0) if want_b else None)
+    valid_all = target != ignore_index
+    n_valid = valid_all.sum()
+    # mean: 1/valid rows (torch returns nan for 0 valid rows; the gradient is kept finite)
+    scale = (1.0 / n_valid.clamp(min=1).to(torch.float32)) if reduction == "mean" and any(want) else None
+    grad_x = torch.empty_like(x) if want_x else None
+    acc_dtype = torch.float32 if weight.dtype == torch.float32 else weight.dtype
+    grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
+    grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    for start in range(0, n, rows_per_chunk):
+        end = min(n, start + rows_per_chunk)
+        xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
+        logits = torch.nn.functional.linear(xc, weight, bias)
+        if ce is not None:  # Triton: loss and lse in one pass, then the gradient over the logits in place
+            real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
+            _, tcc, stats = ce.ce_forward(real, tc, ignore_index)
+            loss += stats[: end - start].sum()
+            if want_x or want_w or want_b:  # the kernel masks ignored rows itself
+                ce.ce_backward(real, tcc, stats, scale, False, ignore_index, out=real)
+                dl = logits
+                if want_x:
+                    torch.mm(dl, weight, out=grad_x[start:end])
+                if want_w:
+                    grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+                if want_b:
+                    grad_b += dl.float().sum(0)
+            del logits
+            continue
+        lf = logits.float()  # the same tensor for float32 inputs
+        lse = torch.logsumexp(lf, dim=-1)
+        safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
+        picked = lf.gather(1, safe[:, None]).squeeze(1)
+        loss += ((lse - picked) * vc).sum()
+        if not (want_x or want_w or want_b):
+            continue
+        p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
+        rows = torch.arange(end - start, device=p.device)
+        p[rows, safe] -= vc.to(p.dtype)
+        row_scale = vc.to(p.dtype) if scale is None else vc.to(p.dtype) * scale
+        p.mul_(row_scale[:, None])
+        dl = p if p.dtype == x.dtype else p.to(x.dtype)
+        if want_x:
+            torch.mm(dl, weight.to(dl.dtype), out=grad_x[start:end])
+        if want_w:
+            grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+        if want_b:
+            grad_b += p.sum(0)
+        del logits, lf, p, dl
+    if reduction == "mean":
+        loss = loss / n_valid.to(torch.float32)
+    return loss.to(x.dtype), grad_x, grad_w, grad_b
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
-    """Chunked forward that also computes the gradients; backward scales them by grad_output. ``ce``:
-    :func:`device_ce`'s module (the Triton chunk step) or None (torch ops over a float32 copy). With ``ce``,
-    ``weight`` (and ``bias``) may carry zero rows past the ``classes`` real ones (:func:`padded_vocab`): the
-    padded logits are exactly 0, the loss and its gradient read the first ``classes`` columns only, and the
-    padded rows' gradients are 0."""
+    """:func:`_chunked` with the gradients the graph needs computed in the forward; the backward scales them by
+    grad_output (a 0-dim tensor of the loss's dtype, which the gradients share: no cast)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-                ignore_index: int, reduction: str, rows_per_chunk: int, need_grad: bool, ce: Any,
-                classes: int) -> torch.Tensor:
-        n = x.shape[0]
-        valid_all = target != ignore_index
-        n_valid = valid_all.sum()
-        # mean: 1/valid rows (torch returns nan for 0 valid rows; the gradient is kept finite)
-        scale = (1.0 / n_valid.clamp(min=1).to(torch.float32)) if reduction == "mean" else None
-        want_x = need_grad and ctx.needs_input_grad[0]
-        want_w = need_grad and ctx.needs_input_grad[1]
-        want_b = need_grad and bias is not None and ctx.needs_input_grad[3]
-        grad_x = torch.empty_like(x) if want_x else None
-        acc_dtype = torch.float32 if weight.dtype == torch.float32 else weight.dtype
-        grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
-        loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        for start in range(0, n, rows_per_chunk):
-            end = min(n, start + rows_per_chunk)
-            xc, tc, vc = x[start:end], target[start:end], valid_all[start:end]
-            logits = torch.nn.functional.linear(xc, weight, bias)
-            if ce is not None:  # Triton: loss and lse in one pass, then the gradient over the logits in place
-                real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
-                _, tcc, stats = ce.ce_forward(real, tc, ignore_index)
-                loss += stats[: end - start].sum()
-                if want_x or want_w or want_b:  # the kernel masks ignored rows itself
-                    ce.ce_backward(real, tcc, stats, scale, False, ignore_index, out=real)
-                    dl = logits
-                    if want_x:
-                        torch.mm(dl, weight, out=grad_x[start:end])
-                    if want_w:
-                        grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
-                    if want_b:
-                        grad_b += dl.float().sum(0)
-                del logits
-                continue
-            lf = logits.float()  # the same tensor for float32 inputs
-            lse = torch.logsumexp(lf, dim=-1)
-            safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
-            picked = lf.gather(1, safe[:, None]).squeeze(1)
-            loss += ((lse - picked) * vc).sum()
-            if not (want_x or want_w or want_b):
-                continue
-            p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
-            rows = torch.arange(end - start, device=p.device)
-            p[rows, safe] -= vc.to(p.dtype)
-            row_scale = vc.to(p.dtype) if scale is None else vc.to(p.dtype) * scale
-            p.mul_(row_scale[:, None])
-            dl = p if p.dtype == x.dtype else p.to(x.dtype)
-            if want_x:
-                torch.mm(dl, weight.to(dl.dtype), out=grad_x[start:end])
-            if want_w:
-                grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
-            if want_b:
-                grad_b += p.sum(0)
-            del logits, lf, p, dl
-        if reduction == "mean":
-            loss = loss / n_valid.to(torch.float32)
+                ignore_index: int, reduction: str, rows_per_chunk: int, ce: Any, classes: int) -> torch.Tensor:
+        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
+        loss, grad_x, grad_w, grad_b = _chunked(x, weight, target, bias, ignore_index, reduction, rows_per_chunk,
+                                                want, ce, classes)
         ctx.save_for_backward(grad_x, grad_w, grad_b)
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return loss.to(x.dtype)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return loss
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):
         grad_x, grad_w, grad_b = ctx.saved_tensors
-        g = grad_out.float()
-        dx = None if grad_x is None else (grad_x * g).to(ctx.dtypes[0])
-        dw = None if grad_w is None else (grad_w * g).to(ctx.dtypes[1])
-        db = None if grad_b is None else (grad_b * g).to(ctx.dtypes[2])
-        return dx, dw, None, db, None, None, None, None, None, None
+        dx = None if grad_x is None else grad_x * grad_out
+        dw = None if grad_w is None else grad_w * grad_out
+        db = None if grad_b is None else (grad_b * grad_out).to(ctx.bias_dtype)
+        return dx, dw, None, db, None, None, None, None, None
 
 
 def supports(input: Any, weight: Any = None, target: Any = None, bias: Any = None, ignore_index: int = -100,
@@ -204,13 +230,15 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
     t = target.reshape(-1)
     ce = device_ce(x)
     classes = weight.shape[0]
-    pad = pads_vocab(x.shape[0], classes, x.dtype) if pad_vocab is None else pad_vocab
-    padded = padded_vocab(classes) if ce is not None and pad else classes
-    rows = chunk_size or chunk_rows(x.shape[0], padded, x.element_size(), float32_copy=ce is None)
     need_grad = torch.is_grad_enabled() and any(
         p is not None and p.requires_grad for p in (input, weight, bias))
+    pad = pads_vocab(x.shape[0], classes, x.dtype, need_grad) if pad_vocab is None else pad_vocab
+    padded = padded_vocab(classes) if ce is not None and pad else classes
+    rows = chunk_size or chunk_rows(x.shape[0], padded, x.element_size(), float32_copy=ce is None)
     if padded != classes:  # zero rows, differentiably: autograd cuts the gradient back to the real rows
         weight = torch.nn.functional.pad(weight, (0, 0, 0, padded - classes))
         bias = None if bias is None else torch.nn.functional.pad(bias, (0, padded - classes))
-    return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), need_grad,
-                                            ce, classes)
+    if not need_grad:  # no graph to record: no autograd Function (its apply is host time a small call feels)
+        return _chunked(x, weight, t, bias, int(ignore_index), reduction, int(rows), (False, False, False), ce,
+                        classes)[0]
+    return LinearCrossEntropyFunction.apply(x, weight, t, bias, int(ignore_index), reduction, int(rows), ce, classes)
