@@ -17,7 +17,7 @@ figure each size is dominated by) -- the ``PAD_FROM_ROWS`` entries (a call knows
 gradients in its forward when grad is enabled and an input requires it) -- and from which the faster of the two is
 at least as fast as torch (``TORCH_BELOW_LOGITS``'s measure); the JSON's ``tuned`` field.
 
-Usage:  python benchmarks/tune_lce.py --json out.json [--dtypes float32,bfloat16] [--quick]
+Usage:  python benchmarks/tune_lce.py --json out.json [--dtypes float32,bfloat16] [--quick | --rows 256,384]
 Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bench_kernels import _peak_mib, _write, environment, tuning_start
 from hal.backend import dtype_name
 
 HIDDEN, VOCAB = 768, 50257
-ROWS = (8, 32, 128, 512, 1024, 2048, 4096, 8192)
+ROWS = (8, 32, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
 QUICK = (8, 512, 4096)
 #: up to this many rows a plan is judged by its wall time (host-bound calls), above by its device time
 WALL_ROWS = 512
@@ -126,7 +126,8 @@ def tuned(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    start = tuning_start("tune_lce", __doc__, QUICK, argv)
+    start = tuning_start("tune_lce", __doc__, QUICK, argv, lambda ap: ap.add_argument(
+        "--rows", help=f"comma-separated row counts (default {','.join(map(str, ROWS))})"))
     if start == 2:
         return 2
     args, timer, _ = start
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
 
     rows, table = [], []
     for dn in args.dtypes.split(","):
-        for n in (QUICK if args.quick else ROWS):
+        for n in (QUICK if args.quick else [int(r) for r in args.rows.split(",")] if args.rows else ROWS):
             for rec in case(getattr(torch, dn), n, timer):
                 rows.append(rec)
                 base = rec["plans"]["torch"]
