@@ -43,13 +43,14 @@ def _ref(x, w, b, t, reduction, grad_out=1.0):
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 64, None])
-def test_matches_float64(device, dtype, reduction, bias, chunk):
+@pytest.mark.parametrize("pad", [None, True])  # None: as PAD_FROM_ROWS says (45 rows: unpadded); True: 97 -> 128 classes
+def test_matches_float64(device, dtype, reduction, bias, chunk, pad):
     x, w, b, t = _inputs(45, 24, 97, dtype, "cpu", bias)
     ref_loss, ref_grads = _ref(x, w, b, t, reduction, grad_out=0.75)
     params = [p.to(device).requires_grad_() for p in (x, w, b) if p is not None]
     xg, wg = params[0], params[1]
     bg = params[2] if bias else None
-    loss = linear_cross_entropy(xg, wg, t.to(device), bg, reduction=reduction, chunk_size=chunk)
+    loss = linear_cross_entropy(xg, wg, t.to(device), bg, reduction=reduction, chunk_size=chunk, pad_vocab=pad)
     assert loss.dtype == dtype and loss.dim() == 0
     grads = torch.autograd.grad(loss * 0.75, params)
     tol = TOL[dtype]
