@@ -88,6 +88,9 @@ SHAPES: dict[str, dict] = {
     # benchmarks/tune_softmax_bwd.py: every softmax backward plan's GPU time per width, and the chosen warps
     "reports/cuda/tune_softmax_bwd.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                                tuned={"type": "object", "minProperties": 1}),
+    # benchmarks/tune_lce.py: the fused head padded or not per row count beside torch, and the thresholds
+    "reports/cuda/tune_lce*.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
+                                       tuned={"type": "object", "required": ["pad_from", "kernel_from"]}),
     # benchmarks/bench_autograd_host.py: host time of a training-mode call, torch's op against autograd.Functions
     "reports/cuda/autograd_host*.json": _req("environment", "device", "shape", "method", "rows",
                                              rows={"type": "array", "minItems": 1}),
