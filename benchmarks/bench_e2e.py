@@ -18,6 +18,8 @@ compile_ms / hal_ms, "steps", "warmup", "median_ms": {...}, "loss_curves": {...}
 "loss_max_abs_diff": {...}, "loss_max_rel_diff", "peak_mib": {...}, "environment"}`` and prints a table; ``--breakdown`` adds ``"breakdown": {variant:
 {"device_ms", "kernels", "categories_ms", "top_kernels"}}`` from one profiled step per variant, taken after
 every variant's timed steps (a profiler session slows the host-bound steps timed after it);
+``"host_ms": {variant: {"per_step", "median", "waited"}}`` is the host time of ``--host-steps`` more steps
+enqueued while the GPU is held busy (:func:`host_ms`: a host-bound step's time is this, not its kernels');
 ``"launches": {variant: {kernel: {"direct", "via_triton"}}}`` counts the Triton kernels' launches
 (:mod:`hal.backends.cuda.kernels.launcher`).
 
@@ -91,7 +93,8 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
             first_s = time.perf_counter() - t_first
     _sync(device)
     times = [(m[0].elapsed_time(m[1]) if cuda else m * 1e3) for m in marks][args.warmup:]
-    out = {"median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s,
+    host = host_ms(w, batches[-1], args.host_steps, device) if cuda and args.host_steps else None
+    out = {"median_ms": statistics.median(times), "step_ms": times, "first_step_s": first_s, "host_ms": host,
            "losses": [float(x) for x in losses],
            "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
     del w, batches, losses
@@ -99,6 +102,30 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def host_ms(w, batch, steps: int, device: torch.device) -> dict:
+    """Host time of ``steps`` more training steps of ``w`` enqueued while the GPU is held busy (``torch.cuda._sleep``
+    for longer than they take to enqueue), so no step waits for the device: ``{"per_step", "median", "waited"}``
+    in ms. A step that synchronises with the device waits for the sleep and shows it (``waited``: its host time
+    exceeded half the sleep). Tells a host-bound step (host time above the device time) from a device-bound one."""
+    _sync(device)
+    torch.cuda._sleep(1000)
+    _sync(device)
+    t0 = time.perf_counter()
+    torch.cuda._sleep(50_000_000)
+    _sync(device)
+    cycles_per_ms = 50_000_000 / ((time.perf_counter() - t0) * 1e3)
+    sleep_ms = 400.0 * steps  # far above any step's host time
+    torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
+    per = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        w.backward(batch)
+        w.optimizer_step()
+        per.append((time.perf_counter() - t0) * 1e3)
+    _sync(device)
+    return {"per_step": per, "median": statistics.median(per), "waited": any(p > sleep_ms / 2 for p in per)}
 
 
 #: kernel-name patterns (first match wins) for :func:`breakdown`'s categories
@@ -180,6 +207,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         res["median_ms"][v], res["loss_curves"][v] = r["median_ms"], r["losses"]
         res.setdefault("step_ms", {})[v] = r["step_ms"]
         res["peak_mib"][v], res["first_step_s"][v] = r["peak_mib"], r["first_step_s"]
+        if r["host_ms"] is not None:
+            res.setdefault("host_ms", {})[v] = r["host_ms"]
         launches = {k: {m: c[m] - before.get(k, {}).get(m, 0) for m in c} for k, c in launch_counts().items()}
         launches = {k: c for k, c in launches.items() if c["direct"] or c["via_triton"]}
         if launches:  # the Triton kernels' launches in this variant: directly, or through Triton
@@ -187,7 +216,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             print(f"{v:12s} Triton launches: " + ", ".join(f"{k} {c['direct']} direct / {c['via_triton']} via Triton"
                                                           for k, c in sorted(launches.items())), flush=True)
         print(f"{v:12s} median {r['median_ms']:.2f} ms/step  peak {r['peak_mib']} MiB  "
-              f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}", flush=True)
+              f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}"
+              + (f"  host {r['host_ms']['median']:.2f} ms/step" + (" (a step waited for the device)"
+                                                                  if r["host_ms"]["waited"] else "")
+                 if r["host_ms"] else ""), flush=True)
         summarise(res)
         res["complete"] = v == variants[-1]
         if args.json:  # rewritten after every variant, so a time limit keeps what finished
@@ -243,6 +275,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--vocab64", action="store_true",
                    help="also torch eager with the vocabulary padded to a multiple of 64 (nanoGPT's 50304: a "
                         "slightly larger model, aligned matmuls; its loss curve is not compared)")
+    p.add_argument("--host-steps", type=int, default=5,
+                   help="CUDA: after the timed steps, this many more enqueued with the GPU held busy: the host time "
+                        "of a step (0: skip)")
     p.add_argument("--breakdown", action="store_true",
                    help="after the timed steps, one profiled step per variant: kernel device time by category")
     args = p.parse_args(argv)
