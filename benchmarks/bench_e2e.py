@@ -105,10 +105,12 @@ def train(variant: str, args: argparse.Namespace, device: torch.device) -> dict:
 
 
 def host_ms(w, batch, steps: int, device: torch.device) -> dict:
-    """Host time of ``steps`` more training steps of ``w`` enqueued while the GPU is held busy (``torch.cuda._sleep``
-    for longer than they take to enqueue), so no step waits for the device: ``{"per_step", "median", "waited"}``
-    in ms. A step that synchronises with the device waits for the sleep and shows it (``waited``: its host time
-    exceeded half the sleep). Tells a host-bound step (host time above the device time) from a device-bound one."""
+    """Host time of ``steps`` more training steps of ``w``, each enqueued on its own while the GPU is held busy
+    (``torch.cuda._sleep`` for longer than a step takes to enqueue, then a synchronisation before the next: more
+    than one step's kernels would fill the launch queue and block the host), so no step waits for the device:
+    ``{"per_step", "median", "waited"}`` in ms. A step that synchronises with the device waits for the sleep and
+    shows it (``waited``: a step's host time exceeded half the sleep). Tells a host-bound step (host time above
+    the device time) from a device-bound one."""
     _sync(device)
     torch.cuda._sleep(1000)
     _sync(device)
@@ -116,15 +118,15 @@ def host_ms(w, batch, steps: int, device: torch.device) -> dict:
     torch.cuda._sleep(50_000_000)
     _sync(device)
     cycles_per_ms = 50_000_000 / ((time.perf_counter() - t0) * 1e3)
-    sleep_ms = 400.0 * steps  # far above any step's host time
-    torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
+    sleep_ms = 300.0  # far above any step's host time
     per = []
     for _ in range(steps):
+        torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
         t0 = time.perf_counter()
         w.backward(batch)
         w.optimizer_step()
         per.append((time.perf_counter() - t0) * 1e3)
-    _sync(device)
+        _sync(device)
     return {"per_step": per, "median": statistics.median(per), "waited": any(p > sleep_ms / 2 for p in per)}
 
 
