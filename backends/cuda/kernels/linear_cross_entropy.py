@@ -40,7 +40,7 @@ PAD_VOCAB_TO = 64
 #: (None: never; a pair not listed: always), measured by ``benchmarks/tune_lce.py`` on the H200 at hidden 768 and
 #: 50257 classes (reports/cuda/tune_lce.json, 8-8192 rows; tune_lce-rows.json, 128-512 again): float32 never
 #: gained (its matmuls ran 0.2-1% faster unpadded at 1024-8192 rows, the copy spared); bfloat16 gained from 256
-#: rows forward-only and 384 in training (1.2-4.9x the unpadded head; below, the call is host-bound and the copy
+#: rows forward-only and 384 in training (1.04-4.9x and 1.5-3.4x the unpadded head; below, the call is host-bound and the copy
 #: is what shows). float16 is not measured and follows bfloat16 (the same element size).
 PAD_FROM_ROWS: dict = {(torch.float32, "infer"): None, (torch.float32, "train"): None,
                        (torch.bfloat16, "infer"): 256, (torch.bfloat16, "train"): 384,
