@@ -113,6 +113,28 @@ def test_sampling_compares_a_fixed_subset_and_agrees_with_full():
     assert samp.verdict == full.verdict == "pass"
 
 
+def test_untagged_elementwise_activations_get_a_sampled_shadow():
+    """LeakyReLU, Hardswish, ELU and Hardtanh (ReLU6) have ATen ops torch does not tag point-wise (the backwards,
+    hardswish itself): outputs over HUGE_FACTOR x max_elements were left unshadowed (pytorch/examples' GAT: its
+    32 M-element LeakyReLU backward); they are shadowed on a block, and the block's error agrees with the whole."""
+    def net():
+        return torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.LeakyReLU(0.1), torch.nn.Hardswish(),
+                                   torch.nn.ELU(), torch.nn.Hardtanh(), torch.nn.Linear(512, 4))
+    x = torch.randn(256, 16)
+    ops = {("forward", "hardswish"), ("backward", "leaky_relu_backward"), ("backward", "hardswish_backward"),
+           ("backward", "elu_backward"), ("backward", "hardtanh_backward")}
+    samp = compare_module(net, x, max_elements=512)  # 131072-element outputs: over 64 x 512
+    full = compare_module(net, x, sample=False)
+    rows = [r for r in samp.rows(kind="op") if (r["phase"], r["op"]) in ops]
+    assert {(r["phase"], r["op"]) for r in rows} == ops
+    f = {(r["phase"], r["module"], r["op"], r["occurrence"]): r for r in full.rows(kind="op")}
+    for r in rows:
+        assert r["sampling"].startswith("block ") and r["local"]["n"] == 512, r
+        ref = f[(r["phase"], r["module"], r["op"], r["occurrence"])]
+        assert r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12
+    assert samp.verdict == "pass"
+
+
 def test_sample_index_is_deterministic_and_bounded():
     a = sample_index((100, 100), 500)
     b = sample_index((100, 100), 500)

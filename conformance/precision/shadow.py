@@ -160,6 +160,22 @@ def _broadcasts_to(shape, target) -> bool:
 #: outputs this many times over ``max_elements`` with no sampled variant are not shadowed.
 HUGE_FACTOR = 64
 
+#: element-wise ATen ops (every tensor operand of the output's shape, the rest scalars) that torch does not tag
+#: ``pointwise`` (torch 2.4-2.13): mostly activation backwards. pytorch/examples' GAT left its LeakyReLU backward
+#: (32 M elements) unshadowed before they were listed; ReLU6 (hardtanh), ELU, Softplus, Hardswish and Mish layers
+#: would have too. ``log_sigmoid_backward`` is not here: its buffer operand is empty on CUDA.
+UNTAGGED_POINTWISE = frozenset({"leaky_relu_backward", "hardtanh_backward", "elu_backward", "softplus_backward",
+                                "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward",
+                                "hardshrink_backward", "softshrink_backward"})
+
+
+def is_pointwise(fn: Any) -> bool:
+    """Whether the ATen overload ``fn`` computes each output element from the same element of its (broadcast)
+    tensor operands alone: torch's ``pointwise`` tag, or :data:`UNTAGGED_POINTWISE`."""
+    if torch.Tag.pointwise in getattr(fn, "tags", ()):
+        return True
+    return getattr(getattr(fn, "overloadpacket", None), "__name__", None) in UNTAGGED_POINTWISE
+
 
 class UnshadowedError(RuntimeError):
     """The op's output is too large to shadow in full and no sampled variant exists."""
@@ -370,7 +386,7 @@ def _direct_form(job: ShadowJob):
     pos = _ROW_DIM.get(name)
     if pos is not None and len(a) > pos and isinstance(a[pos], int) and a[pos] < 0 and not kw:
         return lambda xs: fn(*_fill(a, xs))
-    if torch.Tag.pointwise in getattr(fn, "tags", ()) and not kw:
+    if is_pointwise(fn) and not kw:
         rank = job.target.dim()
         if any(x.dim() > rank for x in job.inputs):
             return None
@@ -649,7 +665,7 @@ class Shadow:
             rs, n_rows, last = sel
             return self._job(func, (args[0].reshape(n_rows, last)[rs], -1, False), {}, home, 0,
                              out.reshape(n_rows, last)[rs], f"rows {rs.stop - rs.start}/{n_rows}")
-        if torch.Tag.pointwise in func.tags and not kwargs:
+        if is_pointwise(func) and not kwargs:
             shape = tuple(out.shape)
             if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
