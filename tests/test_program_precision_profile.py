@@ -137,10 +137,15 @@ def test_section_that_cannot_be_produced_exits_3(tmp_path):
 def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
     """A GradScaler program: the float64 reference and the target run both scale the loss (a CUDA
     target scales for real; were the reference's scaler disabled, every backward op would differ by
-    the loss scale), and the reference's scaler bookkeeping stays float32 (its kernels refuse float64)."""
+    the loss scale), and the reference's scaler bookkeeping stays float32 (its kernels refuse float64).
+    Hugging Face's loop (unscale_, then clip_grad_norm_): the scaler's ops are left out of both op streams,
+    so clip_grad_norm_'s are compared with their own (the target's loss-scale `mul` was compared with the
+    reference's clip `mul`: a false first divergence at the root), and the gradient norms are judged as the
+    reductions they are."""
     fixture = ROOT / "tests" / "fixtures" / "precision" / "cuda_autocast_train.py"
     r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(fixture), "--device", "mlu", "--precision",
-                        "--steps", "3", "--out", str(tmp_path / "out"), "--", "--iters", "3", "--seq", "32"],
+                        "--steps", "3", "--out", str(tmp_path / "out"), "--", "--iters", "3", "--seq", "32",
+                        "--clip-grad", "1.0"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     p = json.loads((tmp_path / "out" / "audit.json").read_text())["precision"]
@@ -152,6 +157,26 @@ def test_both_precision_runs_scale_the_loss_as_the_program_asks(tmp_path):
     # autocast's casts have no float64 counterpart: the reason counts them by op and says why
     unmatched = [why for why in p["not_compared"] if "no counterpart" in why]
     assert len(unmatched) == 1 and "by op: _to_copy " in unmatched[0] and "makes none" in unmatched[0], unmatched
+    assert "reciprocal" not in unmatched[0] and "mul" not in unmatched[0], unmatched  # the scaler's: in neither
+    norms = [m for m in p["metrics"] if m["op"] == "_foreach_norm"]
+    assert norms and all(m["threshold"]["class"] == "reduction" and m["threshold"]["k"] > 1 for m in norms), norms
+    assert not [(m["module"], m["op"], m["phase"]) for m in p["metrics"] if m["module"] == "<root>"
+                and m["status"] != "ok"], "the scaler's or the clip's ops diverged: their streams are misaligned"
+
+
+def test_a_gradient_the_scaler_unscales_in_place_keeps_its_queued_comparison(tmp_path):
+    """A head tied to the embedding (GPT-2's wte / lm_head): autograd sums the weight's two gradients with an
+    `add` whose comparison is still queued when GradScaler.unscale_ multiplies the gradients in place, unrecorded.
+    The queued values are copied before that write, as before any recorded one: the add was judged against its
+    unscaled self (relative error 1.0, a false "introduced" first divergence, in a Hugging Face GPT-2 loop)."""
+    fixture = ROOT / "tests" / "fixtures" / "precision" / "tied_head_amp.py"
+    r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(fixture), "--device", "mlu", "--precision",
+                        "--steps", "3", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    p = json.loads((tmp_path / "out" / "audit.json").read_text())["precision"]
+    add = [m for m in p["metrics"] if m["module"] == "Tied.embed" and m["op"] == "add" and m["phase"] == "backward"]
+    assert add and add[0]["sampling"].startswith("block") and add[0]["status"] == "ok", add
+    assert p["verdict"] == "pass" and p["first_divergence"] is None, p["first_divergence"]
 
 
 def test_a_crashed_profile_run_is_run_again(tmp_path):

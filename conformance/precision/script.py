@@ -31,7 +31,9 @@ overhead benchmark's warmed-up window) both runs let N optimizer steps pass firs
 next top-level forward; with ``precision_prime`` the target also shadows those N steps (every comparison
 computed, then thrown away), so the window is a steady-state shadowed step: float64 kernels loaded,
 batched calls traced, caches warm. Losses (the tensor handed to ``backward``, or
-the loss ``GradScaler.scale`` was given) are recorded over the whole bounded run for drift.
+the loss ``GradScaler.scale`` was given) are recorded over the whole bounded run for drift. A GradScaler's own
+ops (``scale``, ``unscale_``, ``update``) are recorded in neither run, so the program's ops after them keep
+their keys in both; what they write in place is guarded like any write (queued comparisons keep their values).
 
 Everything that could not be compared is listed in ``not_compared`` with the reason (never skipped
 silently). Not thread-safe: one instance per child process, driven from the program's thread.
@@ -200,8 +202,12 @@ class _ProgramTracer(StepTracer):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._internal or _draws_random(func, args, kwargs):
-            if self._held and not self._internal:  # a seeded normal_/bernoulli_ may write a held output
-                self._guard_writes(_op_info(func).writes, args, kwargs)
+            # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
+            # gradients in place), may write a held output: the queued comparison keeps the value it had
+            if self._held:
+                writes = _op_info(func).writes
+                if writes:
+                    self._guard_writes(writes, args, kwargs)
             return func(*args, **kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):
@@ -435,10 +441,14 @@ class ProgramPrecision:
                     owner._record_loss(outputs)
                     owner._scaler_pending = True
                 return real_scale(scaler, outputs)
-            if self.role == "reference":  # the scaler's bookkeeping stays float32 (its kernels refuse float64)
-                scale = self._as_internal(scale)
-                for name in ("unscale_", "update"):
-                    self._patch(GradScaler, name, self._as_internal(getattr(GradScaler, name)))
+            # The scaler's bookkeeping (the loss times the scale, unscale_'s reciprocal and multiply, update) is
+            # internal in both runs: in the reference it stays float32 (its kernels refuse float64), and were it
+            # recorded in the target only, its ops would shift the occurrence keys of the program's own ops after
+            # it (an HF-style loop's clip_grad_norm_ after scaler.unscale_: its `mul` was compared with the
+            # loss-scale `mul`, a false first divergence of 8.6e5 relative error at the root)
+            scale = self._as_internal(scale)
+            for name in ("unscale_", "update"):
+                self._patch(GradScaler, name, self._as_internal(getattr(GradScaler, name)))
             self._patch(GradScaler, "scale", scale)
 
     def _as_internal(self, fn: Any) -> Any:

@@ -51,7 +51,7 @@ MODULE_COSINE_MIN = 0.99
 REDUCTION_OPS = {
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "dot", "mv", "addmv",
     "convolution", "convolution_backward", "_convolution",
-    "sum", "mean", "var", "std", "var_mean", "norm", "linalg_vector_norm",
+    "sum", "mean", "var", "std", "var_mean", "norm", "linalg_vector_norm", "_foreach_norm",
     "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
     "native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
     "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
@@ -84,9 +84,12 @@ def accumulation_eps(dtype: torch.dtype) -> float:
     return 0.0
 
 
-def reduction_length(op_name: str, args, out_shape) -> int:
-    """Best-effort K (elements reduced per output element) for a reduction op; 1 if unknown."""
+def reduction_length(op_name: str, args, out_shape, out_index: int = 0) -> int:
+    """Best-effort K (elements reduced per output element) for a reduction op (output ``out_index`` of it); 1 if
+    unknown."""
     try:
+        if op_name == "_foreach_norm":  # one norm per tensor of the list (clip_grad_norm_'s, every parameter's grad)
+            return max(1, int(args[0][out_index].numel()))
         ts = [a for a in args if isinstance(a, torch.Tensor)]
         if op_name in ("mm", "bmm", "matmul", "dot", "mv"):
             return int(ts[0].shape[-1])

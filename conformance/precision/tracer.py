@@ -498,7 +498,8 @@ class StepTracer(TorchDispatchMode):
             self.samples[key] = take_sample(t, self.max_elements)
             return
         # K only means something for a reduction (an embedding's "K" was its table over its output)
-        k = th.reduction_length(op, args, tuple(t.shape)) if func is not None and op in th.REDUCTION_OPS else 1
+        k = th.reduction_length(op, args, tuple(t.shape), out_index) if func is not None and op in th.REDUCTION_OPS \
+            else 1
         in_dtypes = [a.dtype for a in inputs if a.is_floating_point()] if func is not None else []
         # an op is judged at the precision of its least precise operand
         thr = th.threshold_for(op, th.loosest([t.dtype] + in_dtypes), k)
