@@ -632,6 +632,8 @@ class ProgramPrecision:
         return out
 
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
+        if self.role == "reference":
+            self._amp_args_float32(opt)
         self._stepping += 1
         self._stepping_opt = opt
         self.optimizers.add(opt)
@@ -639,6 +641,17 @@ class ProgramPrecision:
         if self.window == "open":
             self._take_grads(opt, "the first optimizer step" if not self.warm_steps else
                              f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
+
+    def _amp_args_float32(self, opt: Any) -> None:
+        """The loss scale and inf flag GradScaler.step hands a fused optimizer (``opt.grad_scale``,
+        ``opt.found_inf``: it computes them outside the scaler's internal calls, so in float64 here) back in
+        float32: the fused kernels (``_fused_adamw_``, nanoGPT's AdamW on CUDA) refuse float64 ones, even beside
+        float64 parameters, and the reference run ended there."""
+        with self._internal():
+            for name in ("grad_scale", "found_inf"):
+                t = getattr(opt, name, None)
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                    setattr(opt, name, t.to(torch.float32))
 
     def _after_backward(self) -> None:
         """A backward inside an optimizer step (``step(closure)``, as LBFGS runs the program's forward and backward)
