@@ -135,6 +135,40 @@ def test_untagged_elementwise_activations_get_a_sampled_shadow():
     assert samp.verdict == "pass"
 
 
+@pytest.mark.parametrize("queued", [False, True])  # True: the device's code path (no early exits), on the CPU
+def test_sentinel_values_compare_as_infinities(queued, monkeypatch):
+    """torch.finfo(dtype).min/max are sentinels: a value of one of those magnitudes compares as that sign's infinity,
+    on both sides. transformers fills attention masks with finfo(float32).min in the target and finfo(float64).min in
+    the float64 reference, and autocast's cast of float32's min to bfloat16 is -inf (BERT under bf16 autocast failed
+    on both). A computed value that overflows stays a mismatch (the naive float16 softmax's exp), and so does an
+    infinity where the exact value is in range."""
+    vals = torch.tensor([torch.finfo(torch.float32).min, -1.0, 2.0, 0.5], dtype=torch.float64)
+    for dt in (torch.bfloat16, torch.float16):
+        out = vals.to(torch.float32).to(dt)
+        assert torch.isinf(out[0])
+        for rule in ("element", "aggregate"):
+            s = error_stats(out, vals, target_dtype=dt, rtol=1.6e-2, atol=1e-5, normwise=False, rule=rule)
+            assert s["nan_inf_mismatch"] == 0 and not s["exceeds"], (dt, rule, s)
+        wrong = out.clone()
+        wrong[1] = -math.inf  # -1.0 is in range: an infinity there is an error
+        s = error_stats(wrong, vals, target_dtype=dt, rtol=1.6e-2, atol=1e-5, normwise=False)
+        assert s["nan_inf_mismatch"] == 1 and s["exceeds"], (dt, s)
+    # an overflow of a computed value: exp(12) in float16 is inf, its float64 value is no sentinel
+    e = torch.tensor([1.0, 12.0], dtype=torch.float64).exp()
+    s = error_stats(e.to(torch.float16), e, target_dtype=torch.float16, rtol=1e-3, atol=1e-5, normwise=False)
+    assert s["nan_inf_mismatch"] == 1 and s["exceeds"], s
+    # the mask as each run builds it: one masked position in a row of ordinary values (a finite row sum)
+    mask32 = torch.tensor([0.0, 0.0, torch.finfo(torch.float32).min, 0.5])
+    mask64 = mask32.double().clone()
+    mask64[2] = torch.finfo(torch.float64).min
+    s = error_stats(mask32, mask64, target_dtype=torch.float32, rtol=1.3e-6, atol=1e-5, normwise=False, rule="aggregate")
+    assert s["nan_inf_mismatch"] == 0 and not s["exceeds"] and s["max_abs"] == 0.0, s
+    # a finite value against a sentinel is a mismatch
+    s = error_stats(torch.tensor([1.0, 2.0]), mask64[1:3], target_dtype=torch.float32, rtol=1.3e-6, atol=1e-5,
+                    normwise=False)
+    assert s["nan_inf_mismatch"] == 1 and s["exceeds"]
+
+
 def test_sample_index_is_deterministic_and_bounded():
     a = sample_index((100, 100), 500)
     b = sample_index((100, 100), 500)

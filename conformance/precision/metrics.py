@@ -20,6 +20,14 @@ import torch
 #: default number of elements compared per tensor before sampling kicks in.
 DEFAULT_MAX_ELEMENTS = 1 << 15
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
+#: the largest finite magnitude of each floating format: ``torch.finfo(dtype).min`` and ``max`` are sentinels
+#: (transformers' attention masks fill with ``finfo(dtype).min``: float32's in the target, float64's in the float64
+#: reference, and autocast casts float32's to bfloat16's -inf), so a value of exactly one of these magnitudes, in the
+#: target or in the reference, compares as that sign's infinity. A computed value that overflows (the naive float16
+#: softmax's exp) is no sentinel: its infinity against a finite reference stays a mismatch.
+_SENTINELS = tuple(torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_sentinels_on: Dict[torch.device, torch.Tensor] = {}
+_LARGEST = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32)}
 #: (shape, max_elements) -> (flat index, multi-dimensional index) of the sample
 _index_cache: Dict[Tuple[Tuple[int, ...], int], Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]] = {}
 
@@ -318,6 +326,18 @@ def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[t
     return cat.new_zeros(len(lens), longest).masked_scatter_(mask, cat)
 
 
+def _sentinel_infinities(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``x`` with every value of a sentinel magnitude (:data:`_SENTINELS`) made that sign's infinity (a new tensor;
+    ``x`` itself when none is, on the CPU, where asking costs no synchronisation)."""
+    sentinels = _sentinels_on.get(dev)
+    if sentinels is None:
+        sentinels = _sentinels_on[dev] = host_to(torch.tensor(_SENTINELS, dtype=torch.float64), dev)
+    hit = torch.isin(x.abs(), sentinels)
+    if not _queued(dev) and not bool(hit.any()):
+        return x
+    return x.masked_fill(hit & (x > 0), math.inf).masked_fill_(hit & (x < 0), -math.inf)
+
+
 def _queued(dev: torch.device) -> bool:
     """Whether the statistics on ``dev`` are queued without a synchronisation until their results are read (a
     device: yes; the CPU, where nothing is queued: no)."""
@@ -336,9 +356,10 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     lens = [q.target.numel() for q in qs]
     bits16 = [_MANTISSA_BITS.get(q.target_dtype, 0) for q in qs]
     # every per-row parameter in one host table, moved in one copy (each small tensor made on a device is a
-    # copy of its own, synchronous from pageable memory): length, rtol, atol, norm-wise, mantissa bits and
-    # the target's smallest normal exponent
-    params = host_to(torch.tensor([[n, q.rtol, q.atol, q.normwise, b, -13 if q.target_dtype == torch.float16 else -125]
+    # copy of its own, synchronous from pageable memory): length, rtol, atol, norm-wise, mantissa bits, the
+    # target's smallest normal exponent, and the fast path's sum scale (2**1000 over the format's largest magnitude)
+    params = host_to(torch.tensor([[n, q.rtol, q.atol, q.normwise, b, -13 if q.target_dtype == torch.float16 else -125,
+                                    2.0 ** 1000 / _LARGEST.get(q.target_dtype, 2.0 ** 1000)]
                                for n, q, b in zip(lens, qs, bits16)], dtype=f64), dev)
     n_col, rtol, atol = params[:, 0:1], params[:, 1:2], params[:, 2:3]
 
@@ -351,11 +372,15 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     # sums; a sum that overflows only sends the chunk down the exact path): two passes without temporaries instead
     # of two isfinite masks. On a device the masks cost a few launches, where that test's synchronisation waited
     # for every float64 shadow queued before the statistics
-    if not _queued(dev) and bool(torch.isfinite(t.sum(1).add_(r.sum(1))).all()):  # the usual case
+    # (the sums scaled so that a row holding a value near the format's largest magnitude, a sentinel maybe, takes the
+    # exact path too)
+    if not _queued(dev) and bool(torch.isfinite(t.sum(1).add_(r.sum(1)).mul_(params[:, 6])).all()):  # usual case
         both, tb, rb = None, t, r
         nonfin_rows = torch.zeros(len(qs), dtype=f64, device=dev)
         nb = params[:, 0]
     else:
+        # sentinel values (_SENTINELS) are that sign's infinity, on both sides
+        t, r = _sentinel_infinities(t, dev), _sentinel_infinities(r, dev)
         t_fin, r_fin = torch.isfinite(t), torch.isfinite(r)
         both = t_fin & r_fin
         # non-finite in one but not the other, or different non-finite values
