@@ -111,13 +111,9 @@ def host_ms(w, batch, steps: int, device: torch.device) -> dict:
     ``{"per_step", "median", "waited"}`` in ms. A step that synchronises with the device waits for the sleep and
     shows it (``waited``: a step's host time exceeded half the sleep). Tells a host-bound step (host time above
     the device time) from a device-bound one."""
+    from bench_kernels import sleep_cycles_per_s  # this folder is sys.path[0] as a script
     _sync(device)
-    torch.cuda._sleep(1000)
-    _sync(device)
-    t0 = time.perf_counter()
-    torch.cuda._sleep(50_000_000)
-    _sync(device)
-    cycles_per_ms = 50_000_000 / ((time.perf_counter() - t0) * 1e3)
+    cycles_per_ms = sleep_cycles_per_s(device) / 1e3
     sleep_ms = 300.0  # far above any step's host time
     per = []
     for _ in range(steps):

@@ -89,6 +89,17 @@ SHAPES = {
 
 
 # ---- timers -----------------------------------------------------------------------------------
+def sleep_cycles_per_s(device: torch.device) -> float:
+    """How many ``torch.cuda._sleep`` cycles the CUDA ``device`` spins per second (what holding it busy for a given
+    time takes), measured over a 20 M-cycle sleep."""
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    torch.cuda._sleep(20_000_000)
+    torch.cuda.synchronize(device)
+    return 20_000_000 / (time.perf_counter() - t0)
+
+
 class Timer:
     """Per-call microseconds of a callable on one device: ``wall`` (back-to-back calls, host time
     included) and ``device`` (GPU time only; host timers on the CPU)."""
@@ -97,19 +108,11 @@ class Timer:
         self.device, self.repeats, self.target_ms = device, repeats, target_ms
         self.cuda = device.type == "cuda"
         self._flush = torch.empty(256 * MiB, dtype=torch.uint8, device=device) if self.cuda else None
-        self._cycles_per_s = self._calibrate() if self.cuda else 0.0
+        self._cycles_per_s = sleep_cycles_per_s(device) if self.cuda else 0.0
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
-
-    def _calibrate(self) -> float:
-        torch.cuda._sleep(1000)
-        self.sync()
-        t0 = time.perf_counter()
-        torch.cuda._sleep(20_000_000)
-        self.sync()
-        return 20_000_000 / (time.perf_counter() - t0)
 
     def _calls(self, fn: Callable[[], Any]) -> int:
         for _ in range(3):

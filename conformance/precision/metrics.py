@@ -25,9 +25,9 @@ _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
 #: reference, and autocast casts float32's to bfloat16's -inf), so a value of exactly one of these magnitudes, in the
 #: target or in the reference, compares as that sign's infinity. A computed value that overflows (the naive float16
 #: softmax's exp) is no sentinel: its infinity against a finite reference stays a mismatch.
-_SENTINELS = tuple(torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_LARGEST = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+_SENTINELS = tuple(_LARGEST.values())
 _sentinels_on: Dict[torch.device, torch.Tensor] = {}
-_LARGEST = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32)}
 #: (shape, max_elements) -> (flat index, multi-dimensional index) of the sample
 _index_cache: Dict[Tuple[Tuple[int, ...], int], Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]] = {}
 

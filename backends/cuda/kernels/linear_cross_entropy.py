@@ -120,13 +120,13 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
         ce.ce_backward(real, t, stats, None, reduction == "mean", ignore_index, out=real)
         return (loss, torch.mm(logits, weight) if want_x else None, torch.mm(logits.t(), x) if want_w else None,
                 logits.float().sum(0) if want_b else None)
+    grads = want_x or want_w or want_b
     valid_all = target != ignore_index
     n_valid = valid_all.sum()
     # mean: 1/valid rows (torch returns nan for 0 valid rows; the gradient is kept finite)
-    scale = (1.0 / n_valid.clamp(min=1).to(torch.float32)) if reduction == "mean" and any(want) else None
+    scale = (1.0 / n_valid.clamp(min=1).to(torch.float32)) if reduction == "mean" and grads else None
     grad_x = torch.empty_like(x) if want_x else None
-    acc_dtype = torch.float32 if weight.dtype == torch.float32 else weight.dtype
-    grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_w else None
+    grad_w = torch.zeros_like(weight) if want_w else None  # in the weight's (= the input's) dtype
     grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
     loss = torch.zeros((), dtype=torch.float32, device=x.device)
     for start in range(0, n, rows_per_chunk):
@@ -137,13 +137,13 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
             real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
             _, tcc, stats = ce.ce_forward(real, tc, ignore_index)
             loss += stats[: end - start].sum()
-            if want_x or want_w or want_b:  # the kernel masks ignored rows itself
+            if grads:  # the kernel masks ignored rows itself
                 ce.ce_backward(real, tcc, stats, scale, False, ignore_index, out=real)
                 dl = logits
                 if want_x:
                     torch.mm(dl, weight, out=grad_x[start:end])
                 if want_w:
-                    grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+                    grad_w.addmm_(dl.t(), xc)
                 if want_b:
                     grad_b += dl.float().sum(0)
             del logits
@@ -153,7 +153,7 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
         safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
         picked = lf.gather(1, safe[:, None]).squeeze(1)
         loss += ((lse - picked) * vc).sum()
-        if not (want_x or want_w or want_b):
+        if not grads:
             continue
         p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
         rows = torch.arange(end - start, device=p.device)
@@ -162,9 +162,9 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
         p.mul_(row_scale[:, None])
         dl = p if p.dtype == x.dtype else p.to(x.dtype)
         if want_x:
-            torch.mm(dl, weight.to(dl.dtype), out=grad_x[start:end])
+            torch.mm(dl, weight, out=grad_x[start:end])
         if want_w:
-            grad_w.addmm_(dl.t().to(acc_dtype), xc.to(acc_dtype))
+            grad_w.addmm_(dl.t(), xc)
         if want_b:
             grad_b += p.sum(0)
         del logits, lf, p, dl
