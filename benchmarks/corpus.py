@@ -142,6 +142,14 @@ PROGRAMS = [
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
 ]
 
+#: program -> its arguments for ``--sections`` (the profile's schedule needs 2 + 2 x --steps training steps of the
+#: program, and an evaluation inside a timed step skews its time: more iterations, no evaluation in between)
+SECTION_ARGS = {
+    **{name: [*NANO, f"--compile={flag}", "--max_iters=16", "--eval_interval=100"]
+       for name, flag in (("nanoGPT train.py (compile off)", False), ("nanoGPT train.py (compile on)", True))},
+    "examples time_sequence_prediction": ["--steps", "8"],
+}
+
 _ENV_ERRORS = ("ModuleNotFoundError", "No module named")
 
 #: program -> (interpreter kind, why). Rows not listed run under the interpreter running this script.
@@ -171,7 +179,9 @@ def _first_error(report: dict, stderr: str) -> str:
     return " ".join(str(err).split())[:160]
 
 
-def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, python: str) -> dict:
+def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, python: str,
+                sections: bool = False) -> dict:
+    """One program audited (``sections``: with ``--precision --profile``): the row of the table."""
     name, repo, folder, script, args, data, steps, env = entry
     src = corpus / repo
     row = {"program": name, "repo": repo, "script": f"{folder}/{script}".lstrip("./"), "commit": _commit(src),
@@ -186,7 +196,7 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
     out = work / "hal-audit-out"
     exe = Path(python).parent / "hal-audit"
     cmd = [str(exe), script, "--device", "mlu", "--steps", str(steps), "--timeout", str(timeout),
-           "--out", str(out), "--format", "json", "--", *args]
+           "--out", str(out), "--format", "json", *(["--precision", "--profile"] if sections else []), "--", *args]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, **env},
                        timeout=timeout + 120)
@@ -211,7 +221,31 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
             "ops": len(report.get("ops") or []), "seconds": seconds, "error": error, "cause": cause,
             "runtime_findings": sum(1 for f in report.get("findings") or [] if f.get("rule", "").startswith("runtime-")),
             "command": " ".join(["hal-audit", *cmd[1:]]),
+            **(section_fields(report) if sections else {}),
             **({"plain_exit": plain["exit"], "plain_error": plain["error"]} if plain else {})}
+
+
+def section_fields(report: dict) -> dict:
+    """What ``--precision --profile`` produced for one program: the precision verdict, its first divergence, how
+    many op outputs were compared against the float64 run and why others were not, the compared window against a
+    later plain step; the profile's plain and profiled step, its ratio and its errors."""
+    pr, pf = report.get("precision") or {}, report.get("profile") or {}
+    summ, timing = pr.get("summary") or {}, (pr.get("target") or {}).get("timing") or {}
+    fd = pr.get("first_divergence") or {}
+    after = timing.get("after_window_step_ms") or []
+    step, prof = (pf.get("step_ms") or {}).get("median"), (pf.get("profiled_step_ms") or {}).get("median")
+    return {"precision": {"verdict": pr.get("verdict", "absent"), "error": pr.get("error"),
+                          "first_divergence": f"{fd['module']} {fd['op']} ({fd.get('kind')}, {fd.get('phase')})"
+                          if fd else None,
+                          "ops": summ.get("ops"), "shadowed": summ.get("shadowed"),
+                          "matched_reference": summ.get("matched_reference"),
+                          "not_compared": pr.get("not_compared") or [], "window_ms": timing.get("window_ms"),
+                          "after_window_step_ms": after,
+                          "window_vs_step": timing["window_ms"] / min(after) if after and timing.get("window_ms")
+                          else None},
+            "profile": {"present": "step_ms" in pf, "error": pf.get("error"), "step_ms": step,
+                        "profiled_step_ms": prof, "ratio": prof / step if step and prof else None,
+                        "trace": pf.get("trace"), "errors": pf.get("errors") or []}}
 
 
 def _exception(error: str) -> str:
@@ -263,13 +297,16 @@ def torch_version(python: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=os.environ.get("HAL_CORPUS", "/work/corpus"))
-    ap.add_argument("--out", default="reports/corpus/corpus.json")
+    ap.add_argument("--out", help="default reports/corpus/corpus.json, with --sections reports/corpus/sections.json")
+    ap.add_argument("--sections", action="store_true",
+                    help="audit with --precision --profile and tabulate those sections (issue 17)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--only", nargs="*", help="substrings of program names to run")
     ap.add_argument("--merge", action="store_true", help="keep the other programs' rows already in --out")
     ap.add_argument("--python", action="append", default=[], metavar="KIND=PATH",
                     help="the interpreter for the rows RUNS_UNDER gives that kind (tv, t24)")
     a = ap.parse_args()
+    a.out = a.out or f"reports/corpus/{'sections' if a.sections else 'corpus'}.json"
     pythons = interpreters(a.python)
     progs = [p for p in PROGRAMS if not a.only or any(s.lower() in p[0].lower() for s in a.only)]
     rows = []
@@ -279,7 +316,9 @@ def main() -> None:
             python = pythons.get(kind, sys.executable) if kind else sys.executable
             if kind and kind not in pythons:
                 print(f"{entry[0]}: no {kind} interpreter (--python {kind}=PATH); using {sys.executable}", flush=True)
-            row = {**run_program(entry, Path(a.corpus), Path(d), a.timeout, python), "torch": torch_version(python),
+            if a.sections and entry[0] in SECTION_ARGS:
+                entry = (*entry[:4], SECTION_ARGS[entry[0]], *entry[5:])
+            row = {**run_program(entry, Path(a.corpus), Path(d), a.timeout, python, a.sections), "torch": torch_version(python),
                    **({"runs_under": why} if kind in pythons else {})}
             rows.append(row)
             print(f"{row['program']}: exit {row['exit']} {row['status']} ops {row['ops']} {row['seconds']} s "
@@ -292,7 +331,53 @@ def main() -> None:
     meta = {"torch": ", ".join(sorted({r.get("torch", "?") for r in rows})),
             "python": platform.python_version(), "platform": platform.platform(),
             "corpus": a.corpus, "timeout_s": a.timeout}
-    write_tables(rows, meta, Path(a.out))
+    (write_section_tables if a.sections else write_tables)(rows, meta, Path(a.out))
+
+
+def _fmt(x, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def write_section_tables(rows: list[dict], meta: dict, out: Path) -> None:
+    """Print the ``--sections`` table and write ``out`` (JSON) and ``out`` with suffix .md."""
+    from tabulate import tabulate
+    table = []
+    for r in rows:
+        pr, pf = r.get("precision") or {}, r.get("profile") or {}
+        table.append([r["program"], r.get("torch", meta["torch"]), r["exit"], r["status"], pr.get("verdict", "-"),
+                      pr.get("first_divergence") or "-",
+                      f"{pr.get('matched_reference')}/{pr.get('ops')}" if pr.get("ops") is not None else "-",
+                      _fmt(pr.get("window_ms")), _fmt(min(pr.get("after_window_step_ms") or [None], key=lambda v: v or 0)),
+                      _fmt(pr.get("window_vs_step")), _fmt(pf.get("step_ms"), ".2f"), _fmt(pf.get("ratio"), ".2f"),
+                      "yes" if pf.get("trace") else "no", r["seconds"]])
+    table = tabulate(table, headers=["program", "torch", "exit", "run", "precision", "first divergence",
+                                     "compared/recorded", "window ms", "step ms", "window/step", "profile step ms",
+                                     "profiled/plain", "trace", "seconds"], tablefmt="github")
+    both = sum(bool((r.get("precision") or {}).get("ops")) and (r.get("profile") or {}).get("present") for r in rows)
+    summary = f"{both}/{len(rows)} programs with both sections"
+    print(table)
+    print(summary)
+    meta = {**meta, "summary": summary}
+    os.makedirs(out.parent, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    md = ["# Corpus: hal-audit --device mlu --precision --profile on public CUDA programs", "",
+          f"torch {meta['torch']}, Python {meta['python']}, {meta['platform']}; CPU only: the programs ran "
+          f"redirected to the CPU, so both sections are measured on the CPU, not on an MLU. Generated by `python "
+          f"benchmarks/corpus.py --sections`. Columns: the precision verdict against the float64 reference run and "
+          f"its first divergence (module, op, how, phase); op outputs compared against the reference run / recorded "
+          f"in the compared window (every recorded output is also shadowed in float64: its local error); the "
+          f"compared window (first optimizer step, float64 shadows and statistics included) against the fastest "
+          f"later plain step of the same run; the profile's median plain step and profiled/plain. Arguments: the "
+          f"corpus table's, except where the JSON's `args` differ (`SECTION_ARGS`: enough iterations for the "
+          f"profile's schedule, no evaluation inside a timed step).", "",
+          table, "", summary, "", "Not compared, per program (the report's reasons):", ""]
+    for r in rows:
+        for why in (r.get("precision") or {}).get("not_compared") or []:
+            md.append(f"- {r['program']}: {why}")
+    md += ["", "Programs came from (never committed here):", ""]
+    md += [f"- {repo} @ {commit}" for repo, commit in sorted({(r["repo"], r["commit"]) for r in rows})]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 def write_tables(rows: list[dict], meta: dict, out: Path) -> None:

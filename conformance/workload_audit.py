@@ -36,6 +36,10 @@ PROGRAM_PRECISION_STEPS = 3
 #: profiled (and plain) steps of a program target's profile run when --steps is not given (the run is
 #: bounded by hal.conformance.profiling.script.run_bound: warm-up, plain, profiled, attribution, analysis)
 PROGRAM_PROFILE_STEPS = 2
+#: how long an evaluation or generation loop between training steps may run in a precision or profile run of a
+#: program target before the audit stops the program (capped at a quarter of the run's timeout): these runs need
+#: the training steps after it (the audit's plain run stops such a loop after --steps forward passes)
+EVAL_LOOP_SECONDS = 60.0
 
 
 def _not_run(reason: str) -> dict:
@@ -227,8 +231,9 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
         target = os.path.abspath(path) + ":" + fn
     spec_path = os.path.join(workdir, f"{name}-spec.json")
     result_path = os.path.join(workdir, f"{name}-result.json")
+    timeout = request.get("timeout") or 600.0
     spec = {"target": target, "kind": kind, "args": [str(a) for a in request.get("args") or []], "steps": steps,
-            "timeout": request.get("timeout") or 600.0, "run_device": run_device,
+            "timeout": timeout, "eval_loop_seconds": min(EVAL_LOOP_SECONDS, timeout / 4), "run_device": run_device,
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
             "threads": request.get("threads"), "memory_limit_mb": request.get("memory_limit_mb"),
             "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,9 @@ def test_naive_fp16_softmax_is_the_first_divergence(naive):
     assert p["summary"]["matched_reference"] > 0 and p["summary"]["gradients"] == 4
     assert p["drift"]["losses_target"][0] == "nan" and len(p["drift"]["losses_reference"]) == 3
     assert "precision: fail, first divergence Net.softmax:exp (introduced, forward)" in r.stdout
+    # the summary's lead line gives the metric and its bound to 3 significant digits, not 17
+    m = re.search(r"first divergence at Net\.softmax exp \((\w+) (\S+) > (\S+)\)", r.stdout)
+    assert m and all(len(re.sub(r"e.*|\D", "", v).lstrip("0")) <= 3 for v in m.groups()[1:]), r.stdout[:1500]
 
 
 def test_fail_on_precision_exits_1(tmp_path):
@@ -82,6 +86,8 @@ def test_script_profile_has_ops_trace_memory_and_copies(stable):
     assert f["verified"] is False and f["errors"] == []
     assert [m for m in f["not_measured"] if "crashed before this one" not in m] == []
     assert f["steps"] == 2 and len(f["step_ms"]["all"]) == 2 and f["overhead_ratio"] > 0
+    # a profiler warm-up step on the CPU too: its start-up is not in the 2 timed steps (nor its ops in their counts)
+    assert f["schedule"]["profiler_warmup_steps"] == 1 and len(f["profiled_step_ms"]["all"]) == 2, f["schedule"]
     ops = {o["op"]: o for o in f["ops"]}
     assert ops["aten::addmm"]["calls"] == 2 * 2 and ops["aten::addmm"]["flops"] > 0
     assert f["memory"]["estimate_bytes"] == 2 * 4 * (32 * 16 + 16 + 16 * 4 + 4)  # params + grads (SGD: no state)
@@ -329,17 +335,45 @@ def test_an_optimizer_that_runs_a_closure_inside_its_step_is_compared_too(tmp_pa
     assert not any(x.startswith("gradients and parameters") for x in p["not_compared"]), p["not_compared"]
 
 
-def test_a_sampling_loop_between_training_steps_is_named_as_what_stopped_the_profile(tmp_path):
-    """A program that samples from its model after its first step (one no-grad forward per token, minGPT's chargpt)
-    reaches the audit's bound on forward passes before the profile's schedule is done: the reason names that loop and
-    does not ask for more iterations or a larger --steps (the bound grows with it); without the loop the profile is
-    produced."""
+def test_a_sampling_loop_between_training_steps_runs_through_and_only_an_endless_one_stops_the_profile(tmp_path):
+    """A program that samples from its model after its first step (one no-grad forward per token, minGPT's chargpt
+    with 500 tokens and no argument to skip them) gets both sections: the precision and profile runs let such a loop
+    run (bounded by time, a quarter of --timeout here), and the training steps after it are compared and profiled.
+    A loop that outlasts that budget stops the program: the reason names the loop and its time bound, and does not
+    ask for more iterations or a larger --steps."""
     prog = str(FIX / "precision" / "sample_between_steps.py")
-    r, doc = _audit(tmp_path / "a", prog, "--device", "cpu", "--profile", "--steps", "2")
-    assert r.returncode == 3, r.stdout[-1500:] + r.stderr[-1500:]
-    err = doc["profile"]["error"]
-    assert "forward passes without grad followed training step 1" in err and "shortens or skips that loop" in err, err
-    assert "pass more iterations" not in err
-    r, doc = _audit(tmp_path / "b", prog, "--device", "cpu", "--profile", "--steps", "2", "--", "--sample", "0")
+    r, doc = _audit(tmp_path / "a", prog, "--device", "cpu", "--profile", "--precision", "--steps", "2")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     assert doc["profile"].get("step_ms") and not doc["profile"].get("error"), doc["profile"].get("error")
+    assert doc["profile"]["run"]["stopped_by"] == "optimizer steps", doc["profile"]["run"]
+    assert doc["precision"]["verdict"] == "pass" and len(doc["precision"]["drift"]["losses_target"]) == 2, \
+        doc["precision"].get("drift")
+    r, doc = _audit(tmp_path / "b", prog, "--device", "cpu", "--profile", "--steps", "2", "--timeout", "16", "--",
+                    "--sample", "100000000")
+    assert r.returncode == 3, r.stdout[-1500:] + r.stderr[-1500:]
+    err = doc["profile"]["error"]
+    assert "forward passes without grad followed training step 1" in err, err
+    assert "longer than this run allows such a loop (4 s)" in err and "shortens or skips that loop" in err, err
+    assert "pass more iterations" not in err
+
+
+def test_mp_spawn_ddp_workers_get_both_sections(tmp_path):
+    """pytorch/examples' DDP tutorial trains in ``mp.spawn`` workers only: the precision runs run every rank seeded
+    (float64 on every rank in the reference run, so their gloo all-reduces agree), rank 0 is compared and profiled.
+    DDP's reducer writes the reduced gradients back from the process group's thread, where no mode sees it: the
+    values a compared op read are copied before each collective, so its float64 shadow does not see the reduced
+    ones (before that guard the gradient scaling ``mul`` of the reducer was blamed, 'introduced', rms_rel 1.0)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    r, doc = _audit(tmp_path, str(FIX / "runtime" / "spawn_ranks.py"), "--device", "mlu", "--precision", "--profile",
+                    "--steps", "2", "--", port)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p, f = doc["precision"], doc["profile"]
+    assert p["verdict"] == "pass" and p["first_divergence"] is None, p.get("first_divergence")
+    assert p["summary"]["matched_reference"] >= 6 and p["summary"]["gradients"] == 2, p["summary"]
+    backward = [m for m in p["metrics"] if m["kind"] == "op" and m["phase"] == "backward"]
+    assert backward and all(m["status"] == "ok" for m in backward), backward
+    assert f["run"]["status"] == "ok" and f["step_ms"]["all"], f["run"]
+    assert any(h.startswith("c10d::allreduce") for h in f["hotspots"]), f["hotspots"]

@@ -111,6 +111,9 @@ SHAPES: dict[str, dict] = {
     "reports/collectives/soak-*.json": _req("command", "torch", "runs", "summary", runs={"type": "array"}),
     "reports/startup/bench_startup-*.json": _req("label", "environment", "results", "failures"),
     "reports/corpus/corpus.json": _req("meta", "results", results={"type": "array"}),
+    # benchmarks/corpus.py --sections: --precision --profile on the public programs
+    "reports/corpus/sections.json": _req("meta", "results", results={"type": "array", "items": _req(
+        "program", "commit", "exit", "precision", "profile")}),
     "reports/mutation.json": _req("method", "mutations", "caught", "survived", "score_pct", "results"),
     # `hal matrix --diff OLD NEW --format json`
     "reports/matrix/diff-*.json": {"type": "array", "items": _req("cell", "change", change={

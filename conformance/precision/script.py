@@ -205,9 +205,11 @@ class _ProgramTracer(StepTracer):
             # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
             # gradients in place), may write a held output: the queued comparison keeps the value it had
             if self._held:
-                writes = _op_info(func).writes
-                if writes:
-                    self._guard_writes(writes, args, kwargs)
+                info = _op_info(func)
+                if info.collective:
+                    self._guard_collective()
+                elif info.writes:
+                    self._guard_writes(info.writes, args, kwargs)
             return func(*args, **kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):

@@ -72,6 +72,8 @@ class _OpInfo:
     passthrough: bool  #: a view, copy, factory or in-place op: not compared, carries its source's producer
     n_out: Optional[int]  #: how many leading outputs are compared (None: all)
     writes: Tuple[Any, ...]  #: the arguments the op writes: positions, or names of keyword-only ones
+    #: a collective (``c10d``): its result lands later, from the process group's own thread, which no mode sees
+    collective: bool = False
 
 
 _OP_INFO: Dict[Any, _OpInfo] = {}
@@ -89,7 +91,7 @@ def _op_info(func) -> _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write:
                 writes.append(a.name if a.kwarg_only else i)
         info = _OP_INFO[func] = _OpInfo(canonical, name in _SKIP or func.is_view or name.endswith("_"),
-                                        n_out, tuple(writes))
+                                        n_out, tuple(writes), getattr(func, "namespace", "") == "c10d")
     return info
 
 
@@ -427,6 +429,15 @@ class StepTracer(TorchDispatchMode):
             return
         self._held.setdefault(key, []).append((holder, slot))
 
+    def _guard_collective(self) -> None:
+        """Before a collective runs: copy every held value. What it writes, and what the program's callbacks on its
+        result write (DDP's reducer copies the reduced bucket back into the gradients its hooks scaled), is written
+        from the process group's thread, where no mode sees the writes and :meth:`_guard_writes` cannot copy first."""
+        held, self._held = self._held, {}
+        for entries in held.values():
+            for holder, slot in entries:
+                _copy_held(holder, slot)
+
     def _guard_writes(self, writes, args, kwargs) -> None:
         """Before an op runs: copy the held values (:meth:`_hold`) of every storage it will write (``writes``,
         its :class:`_OpInfo`'s mutable arguments: in-place ops, ``out=``, foreach lists), so a queued
@@ -460,7 +471,9 @@ class StepTracer(TorchDispatchMode):
             # the reference runs *every* floating computation in float64, explicit casts included
             args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
         info = _op_info(func)
-        if self._held and info.writes:
+        if self._held and info.collective:
+            self._guard_collective()
+        elif self._held and info.writes:
             self._guard_writes(info.writes, args, kwargs)
         out = func(*args, **kwargs)
         if self._internal:

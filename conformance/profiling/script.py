@@ -9,19 +9,22 @@ top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 1. step 1: warm-up (untimed);
 2. steps 2 .. 1+P: plain steps (only the step-boundary hooks), for the overhead ratio; on an
    accelerator the backend's peak memory over these steps;
-3. on an accelerator, step 2+P: profiler warm-up (the timed steps' device tracer runs, its record is
-   dropped, as torch.profiler's ``schedule(warmup=1)`` does: the first step of a session carries its
-   start-up); ``D`` = 1 on an accelerator, 0 on the CPU;
-4. steps 2+P+D .. 1+2P+D: timed steps under ``torch.profiler``, cheap configuration (no shapes, stacks
+3. step 2+P: profiler warm-up (the timed steps' profiler runs, its record is dropped, as
+   torch.profiler's ``schedule(warmup=1)`` does: the first step of a session carries its start-up, on
+   the CPU 2-3x a plain step of word_language_model, which with P = 2 made the median profiled step
+   2.5x the plain one); ``W`` = 1 on an accelerator and where P >= 2, else 0 (on the CPU with P = 1 the
+   one profiled step carries it: a notebook's three-step loop is still profiled); ``D`` = 1 on an
+   accelerator, 0 on the CPU;
+4. steps 2+P+W .. 1+2P+W: timed steps under ``torch.profiler``, cheap configuration (no shapes, stacks
    or memory). On the CPU they record the CPU activity: per-op host time, runtime sync calls, the
    Chrome trace ``trace.json`` (taken when the profiler stops, at a step boundary, outside every
    timed step). On an accelerator they record the backend's device activity only (kernels,
    memcpy events: the CPU activity's operator events are most of the profiler's cost on a
    host-bound step), and
-5. step 2+2P+D (accelerator only): the attribution step (untimed), CPU and device activities: per-op
+5. step 2+2P+W (accelerator only): the attribution step (untimed), CPU and device activities: per-op
    calls and host time, runtime sync calls, ``trace.json``, and the kernel -> op links that give
    each op its device time of the timed steps (:mod:`.attribution`);
-6. step 2+2P+2D: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
+6. step 2+2P+W+D: analysis (untimed): FlopCounterMode and a dispatch tally for FLOPs, bytes and dtype
    per op, host-device copies and sync points located by module and source line
    (:mod:`.analysis`), and on the CPU the memory peak (torch.profiler ``profile_memory``).
 
@@ -44,20 +47,26 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-SCHEDULE = ("warm-up", "plain", "profiler warm-up", "profiled", "attribution", "analysis")  # 3rd, 5th: accelerator only
+SCHEDULE = ("warm-up", "plain", "profiler warm-up", "profiled", "attribution", "analysis")  # 3rd: see W; 5th: accelerator only
 
 
 def device_timed(backend: Any) -> bool:
-    """Whether the profile's timed steps on ``backend`` record its device activity (then a profiler warm-up
-    and an attribution step join the schedule)."""
+    """Whether the profile's timed steps on ``backend`` record its device activity (then an attribution step
+    joins the schedule)."""
     from .profiler import _activities
     return len(_activities(backend)[0]) > 1
 
 
 def run_bound(profile_steps: int, backend: Any) -> int:
     """Steps the profile run of a program on ``backend`` needs (:data:`SCHEDULE`): the bound the audit puts
-    on that run. 2 + 2P on the CPU, 4 + 2P on an accelerator."""
-    return 2 + 2 * int(profile_steps) + 2 * int(device_timed(backend))
+    on that run. 2 + 2P + W on the CPU (W = 1 where P >= 2), 4 + 2P on an accelerator."""
+    dev = int(device_timed(backend))
+    return 2 + 2 * int(profile_steps) + profiler_warmup_steps(profile_steps, bool(dev)) + dev
+
+
+def profiler_warmup_steps(profile_steps: int, device: bool) -> int:
+    """``W`` of the schedule: 1 on an accelerator and where ``profile_steps`` >= 2, else 0."""
+    return int(device or int(profile_steps) >= 2)
 
 
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
@@ -117,6 +126,7 @@ class ProgramProfile:
         self.acts, self.act_names, self.act_note = _activities(self.backend)
         #: timed steps record the device activity only, an attribution step follows them (module docstring)
         self.device_timed = device_timed(self.backend)
+        self.W = profiler_warmup_steps(self.P, self.device_timed)
         self.step = 0          # completed steps
         self.started = False
         self.t_last = 0.0
@@ -240,18 +250,18 @@ class ProgramProfile:
         self.t_last = time.perf_counter()
 
     def _phase(self, n: int) -> Optional[str]:
-        P, dev = self.P, int(self.device_timed)  # on the CPU: no profiler warm-up, no attribution step
+        P, W, dev = self.P, self.W, int(self.device_timed)  # on the CPU: no attribution step
         if n == 1:
             return "warm-up"
         if 2 <= n <= 1 + P:
             return "plain"
-        if dev and n == 2 + P:
+        if W and n == 2 + P:
             return "profiler warm-up"
-        if 2 + P + dev <= n <= 1 + 2 * P + dev:
+        if 2 + P + W <= n <= 1 + 2 * P + W:
             return "profiled"
-        if dev and n == 2 + 2 * P + dev:
+        if dev and n == 2 + 2 * P + W:
             return "attribution"
-        if n == 2 + 2 * P + 2 * dev:
+        if n == 2 + 2 * P + W + dev:
             return "analysis"
         return None
 
@@ -303,15 +313,14 @@ class ProgramProfile:
                                      "profile_memory)"}
 
     def _begin_profiler(self) -> None:
-        """The timed steps' profiler. On an accelerator it starts one step early, the profiler warm-up
-        step (torch.profiler's ``schedule(warmup=1)``: the device tracer runs, its record is dropped; the
-        first step of a session carries its start-up) and hands its cycle to :meth:`_timed_ready`."""
+        """The timed steps' profiler: it starts one step early (with ``W``), the profiler warm-up step
+        (torch.profiler's ``schedule(warmup=1)``: the tracer runs, its record is dropped; the first step of a
+        session carries its start-up), and hands its cycle to :meth:`_timed_ready`. On an accelerator it records
+        the device activity alone."""
         from torch.profiler import profile, schedule
-        if self.device_timed:
-            self.prof = profile(activities=self.acts[1:], schedule=schedule(wait=0, warmup=1, active=self.P, repeat=1),
-                                on_trace_ready=self._timed_ready)
-        else:
-            self.prof = profile(activities=self.acts)
+        self.prof = profile(activities=self.acts[1:] if self.device_timed else self.acts,
+                            schedule=schedule(wait=0, warmup=self.W, active=self.P, repeat=1),
+                            on_trace_ready=self._timed_ready)
         self.prof.start()
 
     def _timed_ready(self, prof: Any) -> None:
@@ -324,10 +333,8 @@ class ProgramProfile:
 
     def _end_profiler(self) -> None:
         prof, self.prof = self.prof, None
-        prof.stop()  # on an accelerator a cycle cut short by the program's end reaches _timed_ready here
+        prof.stop()  # a cycle cut short by the program's end reaches _timed_ready here
         self._keep.append(prof)  # see _end_analysis
-        if not self.device_timed:
-            self._timed_ready(prof)
 
     def _begin_attribution(self) -> None:
         from torch.profiler import profile
@@ -413,7 +420,7 @@ class ProgramProfile:
         from .roofline import resolve_peaks
         not_measured: List[str] = []
         attr = int(self.device_timed)
-        need = 2 + 2 * self.P + 2 * attr
+        need = 2 + 2 * self.P + self.W + attr
         if self.step < need:
             lim = self.limiter
             trained = lim is not None and (getattr(lim, "optimizer_steps", 0) or getattr(lim, "backward_passes", 0))
@@ -421,16 +428,21 @@ class ProgramProfile:
                 # an evaluation or generation loop between training steps (minGPT's chargpt samples 500 tokens at
                 # iteration 0): more iterations of the program would not help, and a larger --steps raises this bound
                 # and the schedule alike
+                if getattr(lim, "eval_seconds", None) is not None:
+                    most = f"longer than this run allows such a loop ({lim.eval_seconds:g} s)"
+                    advice = "a program argument that shortens or skips that loop"
+                else:
+                    most = f"the most this run allows ({lim.limit}, as many as the schedule's steps)"
+                    advice = ("a program argument that shortens or skips that loop (a larger --steps raises this bound "
+                              "and the schedule alike)")
                 ended = (f"the audit stopped the program after {self.step} step(s): {lim.eval_forwards} forward "
                          f"passes without grad followed training step {trained} (an evaluation or generation loop), "
-                         f"the most this run allows ({lim.limit}, as many as the schedule's steps)")
-                advice = ("a program argument that shortens or skips that loop (a larger --steps raises this bound "
-                          "and the schedule alike)")
+                         f"{most}")
             else:
                 ended = f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'})"
                 advice = "pass more iterations to the program or a larger --steps"
             not_measured.append(f"{ended}; the schedule needs {need} (1 warm-up, {self.P} plain, "
-                                f"{'1 profiler warm-up, ' if attr else ''}{self.P} profiled, "
+                                f"{'1 profiler warm-up, ' if self.W else ''}{self.P} profiled, "
                                 f"{'1 attribution, ' if attr else ''}1 analysis): {advice}")
         if not self.started:
             not_measured.append("no module forward ran: nothing to profile")
@@ -500,7 +512,7 @@ class ProgramProfile:
                          "missing": sorted(f"flops_per_s.{d}" for d in dtypes if f"flops_per_s.{d}" not in peaks)},
             "trace": (self.recorded or {}).get("trace"),
             "schedule": {"warmup_steps": 1, "analysis_steps": 1, "profiled_steps": self.P, "plain_steps": self.P,
-                         "profiler_warmup_steps": attr,
+                         "profiler_warmup_steps": self.W,
                          "attribution_steps": attr,
                          "completed_steps": self.step,
                          "step": "the program's own iteration, ended by its optimizer step (else its backward, "

@@ -233,6 +233,11 @@ def _fallback_fact(report: dict, ops: list[dict]) -> str:
     return text
 
 
+def _g(x: Any) -> str:
+    """A metric value as the summary prints it: 3 significant digits (``1.33e-05``), anything else as is."""
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
 def _precision_fact(report: dict) -> Optional[str]:
     p = report.get("precision")
     if not isinstance(p, dict):
@@ -243,8 +248,8 @@ def _precision_fact(report: dict) -> Optional[str]:
         return f"{verdict}: {p.get('reason') or p.get('error') or p.get('note') or 'no reason given'}"
     if isinstance(fd, dict):
         where = " ".join(str(x) for x in (fd.get("module"), fd.get("op")) if x)
-        return (f"{verdict or 'diverged'}: first divergence at {where} ({fd.get('metric')} {fd.get('value')} > "
-                f"{fd.get('threshold')})")
+        return (f"{verdict or 'diverged'}: first divergence at {where} ({fd.get('metric')} {_g(fd.get('value'))} > "
+                f"{_g(fd.get('threshold'))})")
     text = str(verdict or "compared")
     if fd is None and "first_divergence" in p:
         text += ": every op within its threshold"

@@ -57,7 +57,7 @@ class _State:
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         """This process's result with the ``mp.spawn`` workers' results merged in (:mod:`.spawned`)."""
         from hal.conformance.runtime import spawned
-        workers = spawned.read(os.path.dirname(self.spec["result_path"]))
+        workers = spawned.read(spawned.folder_of(self.spec["result_path"]))
         return spawned.merge(self._own_result(status, error, exit_code), workers)
 
     def _own_result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
@@ -364,7 +364,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from hal.conformance.runtime.stepping import StepLimiter, StopAudit
     modules = ModuleTracker()
     capture = OpCapture(modules, target=spec.get("target_paths"))
-    limiter = StepLimiter(spec.get("steps"), capture)
+    limiter = StepLimiter(spec.get("steps"), capture, spec.get("eval_loop_seconds"))
     modules.on_top_level_forward = limiter.before_top_level_forward
     state.capture, state.limiter = capture, limiter
     if spec.get("progress_path"):
@@ -381,7 +381,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         limiter.install()
         spawn_patches = spawned.install({"run_device": spec["run_device"], "redirect_cuda": spec.get("redirect_cuda"),
                                          "steps": spec.get("steps"), "threads": spec.get("threads"),
-                                         "folder": os.path.dirname(spec["result_path"])})
+                                         "eval_loop_seconds": spec.get("eval_loop_seconds"),
+                                         "section_spec": spec if spec.get("section_hooks") else None,
+                                         "folder": spawned.folder_of(spec["result_path"])})
         if state.redirect is not None:
             state.redirect.install()
             if spec.get("precision_role"):  # both precision runs scale the loss as the program asks

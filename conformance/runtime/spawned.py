@@ -6,9 +6,14 @@ audit's child) wraps the function each worker runs in a picklable :class:`Spawne
 the worker installs what the child installs in itself (module tracker, op capture, step limiter with
 the same ``--steps`` bound, and the CUDA redirect when the child has one), runs the function, and
 writes ``{"rank", "pid", "run", "ops", "findings"}`` to ``spawned-<pid>.json`` in the run's own
-working folder — also when the function raises (the exception then propagates as it would, so
-``mp.spawn`` in the program fails as it would without the audit). A worker stopped by the step
-bound returns normally (``StopAudit`` is the audit's, never the program's failure).
+folder (:func:`folder_of` its result file: the runs of one audit share a working folder), also when
+the function raises (the exception then propagates as it would, so ``mp.spawn`` in the program fails
+as it would without the audit). A worker stopped by the step
+bound returns normally (``StopAudit`` is the audit's, never the program's failure). In a
+``--precision`` or ``--profile`` run the workers also install that run's section hooks (``section_spec``:
+the child's spec): every rank the precision hooks (seeded, dropout off, float64 in the reference run:
+the ranks' collectives must agree; a rank other than 0 keeps its reference samples in a file of its
+own), rank 0 alone the profile's; rank 0 adds their results to its file.
 
 :func:`merge` folds those files into the child's result:
 
@@ -19,7 +24,7 @@ bound returns normally (``StopAudit`` is the audit's, never the program's failur
 - ``findings``: the union by ``(rule, path, line)``, counts added up;
 - ``run.spawned``: one entry per worker (rank, pid, status, steps, stopped_by, error); the run's
   steps, optimizer steps, backward passes and ``stopped_by`` come from the workers when the audited
-  process took no step itself.
+  process took no step itself, and so do the sections (``precision_run``, ``profile_run``: rank 0's).
 
 Forked workers (``multiprocessing`` with the fork start method, DataLoader workers) are not covered:
 they share the audited process's hooks and never report (see :mod:`.child`).
@@ -39,8 +44,8 @@ PREFIX = "spawned-"
 class SpawnedWorker:
     """Picklable wrapper: ``fn(i, *args)`` in a spawned process, audited like the child itself.
 
-    ``config``: ``run_device``, ``redirect_cuda``, ``steps``, ``threads`` and ``folder`` (where the
-    worker writes its result)."""
+    ``config``: ``run_device``, ``redirect_cuda``, ``steps``, ``eval_loop_seconds``, ``threads``, ``folder``
+    (where the worker writes its result) and ``section_spec`` (the child's spec, when it has section hooks)."""
 
     def __init__(self, fn: Callable[..., Any], config: dict) -> None:
         self.fn, self.config = fn, dict(config)
@@ -49,13 +54,14 @@ class SpawnedWorker:
         import torch
 
         from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+        from hal.conformance.runtime.child import _hook_results, _section_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
         cfg = self.config
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
         modules = ModuleTracker()
         capture = OpCapture(modules)
-        limiter = StepLimiter(cfg.get("steps"), capture)
+        limiter = StepLimiter(cfg.get("steps"), capture, cfg.get("eval_loop_seconds"))
         modules.on_top_level_forward = limiter.before_top_level_forward
         redirect = None
         if cfg.get("redirect_cuda"):
@@ -63,17 +69,23 @@ class SpawnedWorker:
             redirect = DeviceRedirect(cfg["run_device"])
         status, error = "ok", None
         active = False
+        section_spec = _rank_sections(cfg.get("section_spec"), rank)
+        hooks: list = []
         try:
+            if section_spec:
+                hooks = _section_hooks(section_spec, modules, limiter)  # before the limiter: theirs run first
             modules.install()
             limiter.install()
             if redirect is not None:
                 redirect.install()
                 redirect.rebind(self.fn)
+                if section_spec and section_spec.get("precision_role"):  # as the child does (child.main)
+                    redirect.enable_grad_scalers(("cuda", section_spec.get("target_device") or "cuda"))
             capture.__enter__()
             active = True
-            return self.fn(rank, *args)
+            out = self.fn(rank, *args)
         except StopAudit:
-            return None
+            out = None
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 status, error = "error", f"the worker exited with sys.exit({exc.code!r})"
@@ -91,12 +103,36 @@ class SpawnedWorker:
                       "run": {"status": status, "error": error, "steps": limiter.steps,
                               "optimizer_steps": limiter.optimizer_steps, "backward_passes": limiter.backward_passes,
                               "stopped_by": limiter.stopped_by},
-                      "ops": capture.records(), "findings": redirect.findings() if redirect is not None else []}
+                      "ops": capture.records(), "findings": redirect.findings() if redirect is not None else [],
+                      **({"sections": _hook_results(hooks)} if hooks and rank == 0 else {})}
             if redirect is not None:
                 redirect.remove()
             modules.remove()
             limiter.remove()
             _write(os.path.join(cfg["folder"], f"{PREFIX}{os.getpid()}.json"), result)
+        if hooks:  # as the child ends itself: torch.profiler's sessions, kept alive, crashed the interpreter's exit
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(0)
+        return out
+
+
+def _rank_sections(spec: Optional[dict], rank: int) -> Optional[dict]:
+    """The section spec of worker ``rank`` (see the module docstring), or None."""
+    if not spec or rank == 0:
+        return spec
+    samples = spec.get("precision_samples")
+    return {**spec, "profile_program": False, "precision_samples": f"{samples}.rank{rank}" if samples else None}
+
+
+def folder_of(result_path: str) -> str:
+    """Where the workers of the run whose result file is ``result_path`` write theirs (made if missing)."""
+    folder = result_path + ".spawned"
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def _write(path: str, data: dict) -> None:
@@ -183,6 +219,7 @@ def merge(result: dict, workers: list[dict]) -> dict:
             run[k] = max((w.get("run") or {}).get(k) or 0 for w in workers)
         if not run.get("stopped_by") and best is not None:
             run["stopped_by"] = best.get("stopped_by")
+        result = {**result, **next((w["sections"] for w in workers if w.get("rank") == 0 and w.get("sections")), {})}
     return {**result, "run": run,
             "ops": sorted(ops.values(), key=lambda r: (-r["count"], r["op"], r["phase"])),
             "findings": sorted(findings.values(), key=lambda r: (str(r.get("path")), r.get("line") or 0,

@@ -15,13 +15,18 @@ top-level module forward. It raises :class:`StopAudit` (a ``BaseException``, so 
   program that has built no optimizer). A program that has built an optimizer and not trained yet
   is not stopped by its first evaluation (nanoGPT evaluates at iteration 0): the training bound
   follows. Forward passes with grad enabled are not counted, so a training step's forward, loss
-  module and backward never stop it early.
+  module and backward never stop it early. With ``eval_seconds`` (the precision and profile runs,
+  which need the training steps that come after such a loop), a loop that follows a training step is
+  bounded by time instead: it is stopped at its first top-level forward more than ``eval_seconds``
+  after its first (minGPT's chargpt samples 500 tokens, one forward each, after its first step, and
+  has no argument that skips it).
 
 ``limit`` None means no bound. The runner treats :class:`StopAudit` as success. Not thread-safe
 (one limiter per process).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import torch
@@ -32,8 +37,10 @@ class StopAudit(BaseException):
 
 
 class StepLimiter:
-    def __init__(self, limit: Optional[int], capture: Any = None) -> None:
+    def __init__(self, limit: Optional[int], capture: Any = None, eval_seconds: Optional[float] = None) -> None:
         self.limit = limit
+        self.eval_seconds = eval_seconds
+        self._eval_began = 0.0  # time.monotonic() of the current no-grad loop's first forward
         self.capture = capture
         self.optimizer_steps = 0
         self.inference_forwards = 0
@@ -78,9 +85,16 @@ class StepLimiter:
             return
         if next(iter(module.parameters(recurse=True)), None) is None:
             return
-        before_training = self.optimizers_built and not self.optimizer_steps and not self.backward_passes
-        if self.limit is not None and self.eval_forwards >= self.limit and not before_training:
-            self._stop("forward passes", self.eval_forwards)
+        trained = self.optimizer_steps or self.backward_passes
+        before_training = self.optimizers_built and not trained
+        if not self.eval_forwards:
+            self._eval_began = time.monotonic()
+        if self.limit is not None and not before_training:
+            if trained and self.eval_seconds is not None:
+                if time.monotonic() - self._eval_began > self.eval_seconds:
+                    self._stop("forward passes", self.eval_forwards)
+            elif self.eval_forwards >= self.limit:
+                self._stop("forward passes", self.eval_forwards)
         self.eval_forwards += 1
         if not self.optimizer_steps and not self.backward_passes:
             self.inference_forwards += 1
