@@ -52,7 +52,7 @@ class _State:
         self.lock = threading.Lock()
         self.notes: list[dict] = []  # findings the child itself adds (notebook magics skipped)
         self.cell: Optional[int] = None  # the notebook cell running now
-        self.hooks: list = []  # --precision / --profile hooks of this run (see _section_hooks)
+        self.hooks: list = []  # --precision / --profile hooks of this run (see .sections.install_hooks)
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         """This process's result with the ``mp.spawn`` workers' results merged in (:mod:`.spawned`)."""
@@ -61,6 +61,7 @@ class _State:
         return spawned.merge(self._own_result(status, error, exit_code), workers)
 
     def _own_result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
+        from hal.conformance.runtime.sections import hook_results
         ops = self.capture.records() if self.capture is not None else []
         return {"run": {"status": status, "error": error, "exit_code": exit_code,
                         "steps": self.limiter.steps if self.limiter else 0,
@@ -71,7 +72,7 @@ class _State:
                 "ops": ops,
                 "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
                 "mlu_fallbacks": self.mlu_fallbacks,
-                "hal_fallbacks": _hal_fallbacks(), **_hook_results(self.hooks)}
+                "hal_fallbacks": _hal_fallbacks(), **hook_results(self.hooks)}
 
     def write(self, status: str, error: Optional[str] = None, exit_code: Optional[int] = None) -> None:
         if os.getpid() != self.pid:  # a forked worker (DataLoader, multiprocessing) never reports
@@ -91,29 +92,6 @@ class _State:
             with open(tmp, "w") as f:
                 json.dump(self.result(status, error, exit_code), f, default=str)
             os.replace(tmp, path)
-
-
-def _section_hooks(spec: dict, modules: Any, limiter: Any) -> list:
-    """The ``--precision`` / ``--profile`` hooks a run asks for, installed: spec ``section_hooks``
-    names their factory as ``"module:function"`` (called with ``(spec, modules, limiter)``), so the
-    runtime child never imports the suites that drive it."""
-    factory = spec.get("section_hooks")
-    if not factory:
-        return []
-    import importlib
-    module, _, name = factory.partition(":")
-    return getattr(importlib.import_module(module), name)(spec, modules, limiter)
-
-
-def _hook_results(hooks: list) -> dict:
-    """Each hook's result keys; a hook that fails says so under ``hook_errors`` (never raises)."""
-    out: dict = {}
-    for h in hooks:
-        try:
-            out.update(h.result())
-        except Exception as exc:
-            out.setdefault("hook_errors", []).append(f"{type(h).__name__}: {type(exc).__name__}: {exc}"[:500])
-    return out
 
 
 def _cell_of(exc: BaseException) -> str:
@@ -374,9 +352,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         state.redirect = DeviceRedirect(spec["run_device"])
     status, error, code = "ok", None, None
     from hal.conformance.runtime import spawned
+    from hal.conformance.runtime.sections import install_hooks
     spawn_patches: list = []
     try:
-        state.hooks = _section_hooks(spec, modules, limiter)  # before the limiter: theirs run first
+        state.hooks = install_hooks(spec, modules, limiter)  # before the limiter: theirs run first
         modules.install()
         limiter.install()
         spawn_patches = spawned.install({"run_device": spec["run_device"], "redirect_cuda": spec.get("redirect_cuda"),

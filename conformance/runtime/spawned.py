@@ -54,7 +54,7 @@ class SpawnedWorker:
         import torch
 
         from hal.conformance.runtime.capture import ModuleTracker, OpCapture
-        from hal.conformance.runtime.child import _hook_results, _section_hooks
+        from hal.conformance.runtime.sections import hook_results, install_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
         cfg = self.config
         if cfg.get("threads"):
@@ -73,7 +73,7 @@ class SpawnedWorker:
         hooks: list = []
         try:
             if section_spec:
-                hooks = _section_hooks(section_spec, modules, limiter)  # before the limiter: theirs run first
+                hooks = install_hooks(section_spec, modules, limiter)  # before the limiter: theirs run first
             modules.install()
             limiter.install()
             if redirect is not None:
@@ -104,7 +104,7 @@ class SpawnedWorker:
                               "optimizer_steps": limiter.optimizer_steps, "backward_passes": limiter.backward_passes,
                               "stopped_by": limiter.stopped_by},
                       "ops": capture.records(), "findings": redirect.findings() if redirect is not None else [],
-                      **({"sections": _hook_results(hooks)} if hooks and rank == 0 else {})}
+                      **({"sections": hook_results(hooks)} if hooks and rank == 0 else {})}
             if redirect is not None:
                 redirect.remove()
             modules.remove()
