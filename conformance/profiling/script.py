@@ -425,19 +425,14 @@ class ProgramProfile:
             lim = self.limiter
             trained = lim is not None and (getattr(lim, "optimizer_steps", 0) or getattr(lim, "backward_passes", 0))
             if trained and getattr(lim, "stopped_by", None) == "forward passes":
-                # an evaluation or generation loop between training steps (minGPT's chargpt samples 500 tokens at
-                # iteration 0): more iterations of the program would not help, and a larger --steps raises this bound
-                # and the schedule alike
-                if getattr(lim, "eval_seconds", None) is not None:
-                    most = f"longer than this run allows such a loop ({lim.eval_seconds:g} s)"
-                    advice = "a program argument that shortens or skips that loop"
-                else:
-                    most = f"the most this run allows ({lim.limit}, as many as the schedule's steps)"
-                    advice = ("a program argument that shortens or skips that loop (a larger --steps raises this bound "
-                              "and the schedule alike)")
+                # an evaluation or generation loop between training steps that outlasted its time bound (the
+                # precision and profile runs' StepLimiter.eval_seconds): more iterations of the program would not help
+                bound = getattr(lim, "eval_seconds", None)
                 ended = (f"the audit stopped the program after {self.step} step(s): {lim.eval_forwards} forward "
                          f"passes without grad followed training step {trained} (an evaluation or generation loop), "
-                         f"{most}")
+                         + (f"longer than this run allows such a loop ({bound:g} s)" if bound is not None else
+                            f"more than this run allows ({lim.limit})"))
+                advice = "a program argument that shortens or skips that loop"
             else:
                 ended = f"the program ended after {self.step} step(s) ({self.step_kind or 'none counted'})"
                 advice = "pass more iterations to the program or a larger --steps"
