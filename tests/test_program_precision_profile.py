@@ -372,7 +372,10 @@ def test_mp_spawn_ddp_workers_get_both_sections(tmp_path):
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     p, f = doc["precision"], doc["profile"]
     assert p["verdict"] == "pass" and p["first_divergence"] is None, p.get("first_divergence")
-    assert p["summary"]["matched_reference"] >= 6 and p["summary"]["gradients"] == 2, p["summary"]
+    # the reference run's DDP averages in float64 too (its model float64 before DDP built its buckets): its reducer
+    # scales the gradients with the same `mul` as the target's, so every recorded output has its counterpart
+    assert p["summary"]["matched_reference"] == p["summary"]["ops"] == 8 and p["not_compared"] == [], p["not_compared"]
+    assert p["summary"]["gradients"] == 2, p["summary"]
     backward = [m for m in p["metrics"] if m["kind"] == "op" and m["phase"] == "backward"]
     assert backward and all(m["status"] == "ok" for m in backward), backward
     assert f["run"]["status"] == "ok" and f["step_ms"]["all"], f["run"]

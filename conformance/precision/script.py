@@ -420,6 +420,18 @@ class ProgramPrecision:
                 return real_sdpa(*a, **k)
             sdpa.__wrapped__ = real_sdpa  # type: ignore[attr-defined]
             self._patch(F, "scaled_dot_product_attention", sdpa)
+        if self.role == "reference":
+            # float64 before DistributedDataParallel lays out its reducer's buckets: converted at its first forward,
+            # the model kept float32 buckets, so the reference averaged its gradients in float32 (a copy into the
+            # bucket where the target's reducer scales them with a `mul`: two outputs a step compared with nothing)
+            from torch.nn.parallel import DistributedDataParallel
+            real_ddp_init = DistributedDataParallel.__init__
+
+            def ddp_init(ddp, module, *a, **k):
+                owner._convert(module)
+                real_ddp_init(ddp, module, *a, **k)
+            ddp_init.__wrapped__ = real_ddp_init  # type: ignore[attr-defined]
+            self._patch(DistributedDataParallel, "__init__", ddp_init)
         real_backward = torch.autograd.backward
 
         def backward(tensors, *a, **k):
