@@ -10,7 +10,9 @@ The programs are NOT in this repository: fetch them first (outside it) and point
 
 Each program is copied (without .git) into a scratch folder, given a tiny generated dataset where
 it needs one (nothing is downloaded), and audited with small arguments, a --steps bound and a
---timeout. The table: program, exit code, run.status, stopped_by, ops, seconds, the first error
+--timeout. With ``--sections`` the audit adds ``--precision --profile`` and the table (``sections.md``) says
+what those sections found: verdict, first divergence, outputs compared, the compared window and the profile's
+overhead (:func:`section_fields`); :data:`SECTION_ARGS` gives programs the iterations the profile needs. The table: program, exit code, run.status, stopped_by, ops, seconds, the first error
 line; the JSON adds the repository commit of every program, the torch version and the command.
 
 Each row runs under the interpreter :data:`RUNS_UNDER` names for it (``--python KIND=PATH``; by
@@ -142,8 +144,8 @@ PROGRAMS = [
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
 ]
 
-#: program -> its arguments for ``--sections`` (the profile's schedule needs 2 + 2 x --steps training steps of the
-#: program, and an evaluation inside a timed step skews its time: more iterations, no evaluation in between)
+#: program -> its arguments for ``--sections`` (the profile's schedule needs 3 + 2 x --steps training steps of the
+#: program on the CPU, and an evaluation inside a timed step skews its time: more iterations, no evaluation between)
 SECTION_ARGS = {
     **{name: [*NANO, f"--compile={flag}", "--max_iters=16", "--eval_interval=100"]
        for name, flag in (("nanoGPT train.py (compile off)", False), ("nanoGPT train.py (compile on)", True))},
