@@ -72,15 +72,6 @@ def profiler_warmup_steps(profile_steps: int, device: bool) -> int:
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 
 
-def _drop_python_events(prof: Any) -> None:
-    """Free a stopped torch.profiler session's Python events (one ``FunctionEvent`` per op call: millions in a step
-    of many small ops; a program of 24K ops a step peaked at 2.1 GB with them kept, 1.6 GB without). The session
-    itself stays alive to the child's end (see ``ProgramProfile._end_analysis``); nothing reads its events again."""
-    inner = getattr(prof, "profiler", None)
-    if getattr(inner, "function_events", None) is not None:
-        inner.function_events = None
-
-
 def _library_dirs() -> tuple:
     import sysconfig
     return tuple(sorted({p for p in (sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib"))
@@ -312,7 +303,6 @@ class ProgramProfile:
             from hal.models.measure import _allocator_peak_delta
             self._mem_prof.__exit__(None, None, None)
             peak, _ = _allocator_peak_delta(self._mem_prof)
-            _drop_python_events(self._mem_prof)
             # kept alive until the child's os._exit: on torch 2.4.1 collecting a profile_memory profiler
             # that was stopped inside an optimizer hook segfaulted (3 runs in 5, in the cycle collector)
             self._keep.append(self._mem_prof)
@@ -367,8 +357,6 @@ class ProgramProfile:
             os.makedirs(out, exist_ok=True)
             prof.export_chrome_trace(os.path.join(out, TRACE_FILE))
             self.recorded["trace"] = TRACE_FILE
-        _drop_python_events(prof)
-        self.timed_events = None
 
     def _begin_memory_device(self) -> None:
         if self.device.type != "cpu":
