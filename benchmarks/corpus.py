@@ -351,12 +351,13 @@ def write_section_tables(rows: list[dict], meta: dict, out: Path) -> None:
                       f"{pr.get('matched_reference')}/{pr.get('ops')}" if pr.get("ops") is not None else "-",
                       _fmt(pr.get("window_ms")), _fmt(min(pr.get("after_window_step_ms") or [None], key=lambda v: v or 0)),
                       _fmt(pr.get("window_vs_step")), _fmt(pf.get("step_ms"), ".2f"), _fmt(pf.get("ratio"), ".2f"),
-                      "yes" if pf.get("trace") else "no", r["seconds"]])
+                      "yes" if pf.get("trace") else "no", len(pf.get("errors") or []), r["seconds"]])
     table = tabulate(table, headers=["program", "torch", "exit", "run", "precision", "first divergence",
                                      "compared/recorded", "window ms", "step ms", "window/step", "profile step ms",
-                                     "profiled/plain", "trace", "seconds"], tablefmt="github")
+                                     "profiled/plain", "trace", "profile errors", "seconds"], tablefmt="github")
     both = sum(bool((r.get("precision") or {}).get("ops")) and (r.get("profile") or {}).get("present") for r in rows)
-    summary = f"{both}/{len(rows)} programs with both sections"
+    failing = sum(bool((r.get("profile") or {}).get("errors")) for r in rows)
+    summary = f"{both}/{len(rows)} programs with both sections; {failing} with profile errors"
     print(table)
     print(summary)
     meta = {**meta, "summary": summary}
@@ -369,13 +370,16 @@ def write_section_tables(rows: list[dict], meta: dict, out: Path) -> None:
           f"its first divergence (module, op, how, phase); op outputs compared against the reference run / recorded "
           f"in the compared window (every recorded output is also shadowed in float64: its local error); the "
           f"compared window (first optimizer step, float64 shadows and statistics included) against the fastest "
-          f"later plain step of the same run; the profile's median plain step and profiled/plain. Arguments: the "
+          f"later plain step of the same run; the profile's median plain step, profiled/plain and the errors its "
+          f"steps met (`profile.errors` in the JSON, also below). Arguments: the "
           f"corpus table's, except where the JSON's `args` differ (`SECTION_ARGS`: enough iterations for the "
           f"profile's schedule, no evaluation inside a timed step).", "",
           table, "", summary, "", "Not compared, per program (the report's reasons):", ""]
     for r in rows:
         for why in (r.get("precision") or {}).get("not_compared") or []:
             md.append(f"- {r['program']}: {why}")
+    errors = [f"- {r['program']}: {e}" for r in rows for e in (r.get("profile") or {}).get("errors") or []]
+    md += ["", "Profile errors:", "", *errors] if errors else []
     md += ["", "Programs came from (never committed here):", ""]
     md += [f"- {repo} @ {commit}" for repo, commit in sorted({(r["repo"], r["commit"]) for r in rows})]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
