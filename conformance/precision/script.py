@@ -205,11 +205,7 @@ class _ProgramTracer(StepTracer):
             # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
             # gradients in place), may write a held output: the queued comparison keeps the value it had
             if self._held:
-                info = _op_info(func)
-                if info.collective:
-                    self._guard_collective()
-                elif info.writes:
-                    self._guard_writes(info.writes, args, kwargs)
+                self._guard(_op_info(func), args, kwargs)
             return func(*args, **kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):

@@ -429,6 +429,14 @@ class StepTracer(TorchDispatchMode):
             return
         self._held.setdefault(key, []).append((holder, slot))
 
+    def _guard(self, info: "_OpInfo", args, kwargs) -> None:
+        """Before an op runs with values held (:meth:`_hold`): copy those it may overwrite (a collective: all of
+        them, :meth:`_guard_collective`; else those of the storages it writes, :meth:`_guard_writes`)."""
+        if info.collective:
+            self._guard_collective()
+        elif info.writes:
+            self._guard_writes(info.writes, args, kwargs)
+
     def _guard_collective(self) -> None:
         """Before a collective runs: copy every held value. What it writes, and what the program's callbacks on its
         result write (DDP's reducer copies the reduced bucket back into the gradients its hooks scaled), is written
@@ -471,10 +479,8 @@ class StepTracer(TorchDispatchMode):
             # the reference runs *every* floating computation in float64, explicit casts included
             args, kwargs = map_leaves(_widen, args), map_leaves(_widen, kwargs)
         info = _op_info(func)
-        if self._held and info.collective:
-            self._guard_collective()
-        elif self._held and info.writes:
-            self._guard_writes(info.writes, args, kwargs)
+        if self._held:
+            self._guard(info, args, kwargs)
         out = func(*args, **kwargs)
         if self._internal:
             return out
