@@ -351,9 +351,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from hal.conformance.runtime.redirect import DeviceRedirect
         state.redirect = DeviceRedirect(spec["run_device"])
     status, error, code = "ok", None, None
-    from hal.conformance.runtime import spawned
+    from hal.conformance.runtime import process_groups, spawned
     from hal.conformance.runtime.sections import install_hooks
     spawn_patches: list = []
+    group_patches: list = []
     try:
         state.hooks = install_hooks(spec, modules, limiter)  # before the limiter: theirs run first
         modules.install()
@@ -367,6 +368,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             state.redirect.install()
             if spec.get("precision_role"):  # both precision runs scale the loss as the program asks
                 state.redirect.enable_grad_scalers(("cuda", spec.get("target_device") or "cuda"))
+        group_patches = process_groups.install()  # after the redirect: its init_process_group is the one wrapped
         if spec.get("capture", True):
             capture.__enter__()
             state.capture_active = True
@@ -399,6 +401,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 capture.__exit__(None, None, None)
             except Exception:
                 pass
+    process_groups.remove(group_patches)  # before the sections' results (state.write), and before the redirect's
     if state.redirect is not None:
         state.redirect.remove()
     spawned.remove(spawn_patches)

@@ -447,16 +447,11 @@ class DeviceRedirect(TorchFunctionMode):
             self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
 
     def rebind(self, fn: Any) -> None:
-        """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker
-        unpickles the program's function first): names the program bound with ``from torch.distributed
-        import init_process_group`` still hold the originals; rebind them, in ``fn``'s globals and in
-        its module (multiprocessing runs the main script with runpy: its globals are a dict of their own)."""
-        replaced = {id(original): getattr(owner, name) for owner, name, original in self._saved}
-        module = sys.modules.get(getattr(fn, "__module__", "") or "")
-        for names in (getattr(fn, "__globals__", None), vars(module) if module is not None else None):
-            for key, value in list(names.items()) if names is not None else ():
-                if id(value) in replaced:
-                    names[key] = replaced[id(value)]
+        """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker unpickles the
+        program's function first): the names it bound to the originals, bound to the redirect's versions
+        (:func:`hal.conformance.runtime.spawned.rebind`)."""
+        from hal.conformance.runtime.spawned import rebind
+        rebind(fn, self._saved)
 
     def enable_grad_scalers(self, asked_for: tuple) -> None:
         """After :meth:`install`: a GradScaler the program enables for a device in ``asked_for`` runs

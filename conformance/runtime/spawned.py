@@ -4,7 +4,8 @@ The DDP tutorials (pytorch/examples distributed/ddp-tutorial-series/multigpu.py)
 ``mp.spawn`` workers: fresh interpreters that import the program again. :func:`install` (in the
 audit's child) wraps the function each worker runs in a picklable :class:`SpawnedWorker`, which in
 the worker installs what the child installs in itself (module tracker, op capture, step limiter with
-the same ``--steps`` bound, and the CUDA redirect when the child has one), runs the function, and
+the same ``--steps`` bound, the CUDA redirect when the child has one, and :mod:`.process_groups`' hold on the
+groups the program destroys until the function has returned), runs the function, and
 writes ``{"rank", "pid", "run", "ops", "findings"}`` to ``spawned-<pid>.json`` in the run's own
 folder (:func:`folder_of` its result file: the runs of one audit share a working folder), also when
 the function raises (the exception then propagates as it would, so ``mp.spawn`` in the program fails
@@ -53,6 +54,7 @@ class SpawnedWorker:
     def __call__(self, rank: int, *args: Any) -> Any:
         import torch
 
+        from hal.conformance.runtime import process_groups
         from hal.conformance.runtime.capture import ModuleTracker, OpCapture
         from hal.conformance.runtime.sections import hook_results, install_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
@@ -71,6 +73,7 @@ class SpawnedWorker:
         active = False
         section_spec = _rank_sections(cfg.get("section_spec"), rank)
         hooks: list = []
+        group_patches: list = []
         try:
             if section_spec:
                 hooks = install_hooks(section_spec, modules, limiter)  # before the limiter: theirs run first
@@ -81,6 +84,8 @@ class SpawnedWorker:
                 redirect.rebind(self.fn)
                 if section_spec and section_spec.get("precision_role"):  # as the child does (child.main)
                     redirect.enable_grad_scalers(("cuda", section_spec.get("target_device") or "cuda"))
+            group_patches = process_groups.install()  # after the redirect: its init_process_group is the one wrapped
+            rebind(self.fn, group_patches)
             capture.__enter__()
             active = True
             out = self.fn(rank, *args)
@@ -99,6 +104,7 @@ class SpawnedWorker:
                     capture.__exit__(None, None, None)
                 except Exception:
                     pass
+            process_groups.remove(group_patches)  # the program's destroyed groups go before the sections' results
             result = {"rank": rank, "pid": os.getpid(),
                       "run": {"status": status, "error": error, "steps": limiter.steps,
                               "optimizer_steps": limiter.optimizer_steps, "backward_passes": limiter.backward_passes,
@@ -168,6 +174,20 @@ def install(config: dict) -> list[tuple[Any, str, Any]]:
 def remove(saved: list[tuple[Any, str, Any]]) -> None:
     for owner, name, value in reversed(saved):
         setattr(owner, name, value)
+
+
+def rebind(fn: Any, saved: list[tuple[Any, str, Any]]) -> None:
+    """In a worker that imported the program before the audit patched ``saved`` (``(owner, name, original)``
+    triples; a worker unpickles the program's function first), the names the program bound with ``from
+    torch.distributed import init_process_group`` still hold the originals: bind them to the patched values, in
+    ``fn``'s globals and in its module (multiprocessing runs the main script with runpy: its globals are a dict of
+    their own)."""
+    replaced = {id(original): getattr(owner, name) for owner, name, original in saved}
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    for names in (getattr(fn, "__globals__", None), vars(module) if module is not None else None):
+        for key, value in list(names.items()) if names is not None else ():
+            if id(value) in replaced:
+                names[key] = replaced[id(value)]
 
 
 def read(folder: str) -> list[dict]:
