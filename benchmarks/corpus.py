@@ -150,13 +150,21 @@ SECTION_ARGS = {
     **{name: [*NANO, f"--compile={flag}", "--max_iters=16", "--eval_interval=100"]
        for name, flag in (("nanoGPT train.py (compile off)", False), ("nanoGPT train.py (compile on)", True))},
     "examples time_sequence_prediction": ["--steps", "8"],
+    # --dry-run stops after one batch; the 256 synthetic images in batches of 16 are 16 steps
+    "examples mnist": ["--epochs", "1", "--batch-size", "16"],
+    "examples vae": ["--epochs", "1", "--batch-size", "16"],
+    # FakeData's 1000 images in batches of 4: 250 iterations of two optimizer steps each (D, then G)
+    "examples dcgan": ["--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64"],
 }
 
 _ENV_ERRORS = ("ModuleNotFoundError", "No module named")
 
 #: program -> (interpreter kind, why). Rows not listed run under the interpreter running this script.
 RUNS_UNDER = {
-    **{name: ("tv", "torchvision 0.29.1 needs torch 2.14.1; torch 2.13's CPU build cannot import it beside it")
+    **{name: ("tv", "torchvision pairs with one torch release: 0.29.1 needs torch 2.14.1, and 0.28.0 beside torch "
+                    "2.13's CPU build fails to register its C++ ops (torchvision::nms); these rows ran under torch "
+                    "2.14.1 + torchvision 0.29.1, except dcgan's sections row (2.4.1 + 0.19.1; mnist, vae and "
+                    "imagenet call torch.accelerator, which torch 2.4 lacks, without the audit too)")
        for name in ("examples mnist", "examples dcgan", "examples vae", "examples imagenet (--dummy)")},
     "examples time_sequence_prediction": (
         "t24", "its torch.load of a pickled numpy array fails on torch >= 2.6 (weights_only=True by default) "

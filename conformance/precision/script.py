@@ -116,6 +116,24 @@ def _upcast(x):
     return _widen(x)
 
 
+#: the ops that only sample (no other computation): drawn in float64 in both runs (:class:`CpuRandomMode`)
+_SAMPLERS = frozenset({"normal", "normal_", "uniform_", "rand", "rand_like", "randn", "randn_like", "bernoulli",
+                       "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_", "multinomial", "poisson",
+                       "binomial", "_standard_gamma", "_sample_dirichlet"})
+
+
+def _on_cpu_in_float64(x):
+    """``x`` for a draw on the CPU in float64: a floating tensor moved and widened, a device or a floating dtype
+    replaced; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.dtype != torch.float64:
+            return x.to("cpu", torch.float64)
+        return x.to("cpu") if x.device.type != "cpu" else x
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("cpu")
+    return _widen(x)
+
+
 def _to_cpu(x):
     if isinstance(x, torch.Tensor) and x.device.type != "cpu":
         return x.to("cpu")
@@ -125,10 +143,15 @@ def _to_cpu(x):
 
 
 class CpuRandomMode(TorchDispatchMode):
-    """Seeded random ops on an accelerator draw from the CPU generator (then move there), so the
-    target run on a device and the float64 reference run on the CPU see the same random numbers
-    (``torch.randint(..., device="cuda")`` batches, ``normal_`` on a device tensor). Anything it
-    cannot reroute runs as the program asked (never raises for that reason)."""
+    """Seeded random ops draw the same numbers in the target run and in the float64 reference run.
+
+    On an accelerator they draw from the CPU generator (then move there), so a target on a device and the
+    reference on the CPU share one stream (``torch.randint(..., device="cuda")`` batches, ``normal_`` on a device
+    tensor). An op that only samples (:data:`_SAMPLERS`: ``randn_like``, ``normal_``, ``bernoulli`` ...) draws in
+    float64 in both runs, and the target gets the draw rounded to its dtype: drawn in float32 and in float64, the
+    CPU generator gives different numbers and advances differently. A VAE's ``mu + randn_like(std) * std`` then
+    diverged in the first op after the draw (pytorch/examples vae, cosine 0.09). Anything it cannot reroute runs as
+    the program asked (never raises for that reason)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -139,20 +162,35 @@ class CpuRandomMode(TorchDispatchMode):
         devs += [x for x in flat if isinstance(x, torch.device) and x.type != "cpu"]
         if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type != "cpu":
             devs.append(torch.device(kwargs["device"]))
-        if not devs:
+        name = func.overloadpacket.__name__
+        floats = [x for x in flat if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        widen = name in _SAMPLERS and (any(x.dtype != torch.float64 for x in floats)
+                                       or kwargs.get("dtype") not in (None, torch.float64)
+                                       or not floats and torch.get_default_dtype() != torch.float64)
+        if not devs and not widen:
             return func(*args, **kwargs)
         try:
-            cargs, ckw = tree_map(_to_cpu, args), tree_map(_to_cpu, kwargs)
+            # the dtype the program gets: asked for, else its first floating tensor's, else torch's default
+            want = kwargs.get("dtype") or (floats[0].dtype if floats else torch.get_default_dtype())
+            cargs, ckw = tree_map(_on_cpu_in_float64 if widen else _to_cpu, (args, kwargs))
             if "device" in ckw and ckw["device"] is not None:
                 ckw["device"] = torch.device("cpu")
+            if widen and not floats and "dtype" not in ckw and any(a.name == "dtype" for a in func._schema.arguments):
+                ckw["dtype"] = torch.float64  # a factory (randn(shape)) that would take torch's default dtype
             out = func(*cargs, **ckw)
         except Exception:
             return func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if name.endswith("_") and args and isinstance(args[0], torch.Tensor):  # in place on the device tensor
+        if name.endswith("_") and args and isinstance(args[0], torch.Tensor):  # in place on the program's tensor
             args[0].copy_(out if isinstance(out, torch.Tensor) else cargs[0])
             return args[0]
-        return tree_map(lambda t: host_to(t, devs[0]) if isinstance(t, torch.Tensor) else t, out)
+
+        def home(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            if widen and t.is_floating_point():
+                t = t.to(want)
+            return host_to(t, devs[0]) if devs else t
+        return tree_map(home, out)
 
 
 class _SampledShadow(Shadow):
