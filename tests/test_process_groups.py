@@ -71,8 +71,8 @@ def test_remove_restores_torchs_functions_and_releases_the_held_groups():
 
 def test_a_spawned_workers_names_bound_at_import_are_rebound_to_the_patch():
     """An mp.spawn worker imports the program (``from torch.distributed import destroy_process_group``, as the DDP
-    tutorial's multigpu.py does) before the audit patches anything: spawned.rebind points those names at the patch."""
-    from hal.conformance.runtime.spawned import rebind
+    tutorial's multigpu.py does) before the audit patches anything: rebinding.rebind points those names at the patch."""
+    from hal.conformance.runtime.rebinding import rebind
     program = {"destroy_process_group": dist.destroy_process_group, "init_process_group": dist.init_process_group}
     exec("def train(rank):\n    return destroy_process_group, init_process_group\n", program)
     saved = process_groups.install()

@@ -449,8 +449,8 @@ class DeviceRedirect(TorchFunctionMode):
     def rebind(self, fn: Any) -> None:
         """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker unpickles the
         program's function first): the names it bound to the originals, bound to the redirect's versions
-        (:func:`hal.conformance.runtime.spawned.rebind`)."""
-        from hal.conformance.runtime.spawned import rebind
+        (:func:`hal.conformance.runtime.rebinding.rebind`)."""
+        from hal.conformance.runtime.rebinding import rebind
         rebind(fn, self._saved)
 
     def enable_grad_scalers(self, asked_for: tuple) -> None:

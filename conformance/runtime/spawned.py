@@ -56,6 +56,7 @@ class SpawnedWorker:
 
         from hal.conformance.runtime import process_groups
         from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+        from hal.conformance.runtime.rebinding import rebind
         from hal.conformance.runtime.sections import hook_results, install_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
         cfg = self.config
@@ -174,20 +175,6 @@ def install(config: dict) -> list[tuple[Any, str, Any]]:
 def remove(saved: list[tuple[Any, str, Any]]) -> None:
     for owner, name, value in reversed(saved):
         setattr(owner, name, value)
-
-
-def rebind(fn: Any, saved: list[tuple[Any, str, Any]]) -> None:
-    """In a worker that imported the program before the audit patched ``saved`` (``(owner, name, original)``
-    triples; a worker unpickles the program's function first), the names the program bound with ``from
-    torch.distributed import init_process_group`` still hold the originals: bind them to the patched values, in
-    ``fn``'s globals and in its module (multiprocessing runs the main script with runpy: its globals are a dict of
-    their own)."""
-    replaced = {id(original): getattr(owner, name) for owner, name, original in saved}
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    for names in (getattr(fn, "__globals__", None), vars(module) if module is not None else None):
-        for key, value in list(names.items()) if names is not None else ():
-            if id(value) in replaced:
-                names[key] = replaced[id(value)]
 
 
 def read(folder: str) -> list[dict]:
