@@ -123,15 +123,11 @@ _SAMPLERS = frozenset({"normal", "normal_", "uniform_", "rand", "rand_like", "ra
 
 
 def _on_cpu_in_float64(x):
-    """``x`` for a draw on the CPU in float64: a floating tensor moved and widened, a device or a floating dtype
-    replaced; anything else as it is."""
-    if isinstance(x, torch.Tensor):
-        if x.is_floating_point() and x.dtype != torch.float64:
-            return x.to("cpu", torch.float64)
-        return x.to("cpu") if x.device.type != "cpu" else x
-    if isinstance(x, torch.device) and x.type != "cpu":
-        return torch.device("cpu")
-    return _widen(x)
+    """``x`` for a draw on the CPU in float64: a floating tensor moved and widened in one copy, else
+    :func:`_to_cpu` and :func:`_widen` (a device or a floating dtype replaced; anything else as it is)."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+        return x.to("cpu", torch.float64)
+    return _widen(_to_cpu(x))
 
 
 def _to_cpu(x):
