@@ -427,3 +427,103 @@ def test_a_float32_lstm_on_the_cpu_says_why_its_onednn_ops_have_no_float64_count
     assert why and "oneDNN's recurrent layer" in why[0], p["not_compared"]
     assert len(p["not_compared"]) == 1 and p["summary"]["matched_reference"] > 0, p["not_compared"]
     assert p["summary"]["gradients"] == 6 and len(p["drift"]["losses_reference"]) == 2, p["summary"]
+
+
+GAN = FIX / "precision" / "gan_train.py"
+
+
+@pytest.mark.parametrize("loop,accumulate", [("dcgan", 1), ("dcgan", 3), ("joint", 1)])
+def test_a_gan_and_gradient_accumulation_compare_the_gradients_at_the_optimizer_step(tmp_path, loop, accumulate):
+    """pytorch/examples dcgan's loop: the discriminator's real loss backward, the generator's forward, the discriminator
+    again on the detached fake batch, then its optimizer step. The window closed at the generator's forward ("the next
+    training forward before any optimizer step") and no gradient or parameter was compared. Now only a model's own
+    next training forward after a backward ends the ops (a second loss, or gradient accumulation's next micro-step:
+    shadowing every micro-step would cost them all), and the gradients are sampled at the optimizer step all the same.
+    ``joint``: the fake batch, computed and detached inside the window, is no data the program was given: its rounding
+    (a float32 and a float64 generator) is no change of the data order, and the reference stays comparable."""
+    r, doc = _audit(tmp_path, str(GAN), "--device", "mlu", "--precision", "--steps", "2", "--",
+                    "--loop", loop, "--accumulate", str(accumulate))
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    window = p["target"]["compared_window"]
+    if loop == "dcgan":
+        assert window.startswith("ops: Sequential's next training forward began after a backward") \
+            and window.endswith("; gradients: the first optimizer step"), window
+    else:
+        assert window == "the first optimizer step", window
+    assert p["not_compared"] == [], p["not_compared"]
+    s = p["summary"]
+    assert s["matched_reference"] == s["ops"] > 0 and s["gradients"] == 4 and s["parameters"] == 4, s
+    grads = [m for m in p["metrics"] if m["kind"] == "gradient"]
+    assert all(m["total"] is not None and m["status"] == "ok" for m in grads), grads
+    # the generator's forward is inside the window unless a micro-step of the discriminator's comes first (its sine
+    # amplifies its input's rounding: the float32 and float64 fake batches differ beyond the data-order check's
+    # tolerance)
+    assert any(m["module"] == "Sequential.3" and m["op"] == "sin" for m in p["metrics"]) == (accumulate == 1)
+
+
+@pytest.mark.parametrize("init_scale,reference", [("1e36", "the float64 reference stepped"),
+                                                   ("inf", "the target's and the float64 reference's")])
+def test_a_step_the_gradscaler_skips_is_named_and_its_overflow_is_not_a_divergence(tmp_path, init_scale, reference):
+    """GradScaler skips an optimizer step whose scaled gradients overflowed (commonly the first steps of a float16 run,
+    while it lowers its initial scale): the window closes there, the report says the scaler skipped the step (and
+    whether the float64 reference did too), and the backward outputs that overflowed are status 'overflow', never the
+    first divergence: the scaler is built to catch them."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "scaler_skipped_step.py"), "--device", "mlu", "--precision",
+                    "--steps", "3", "--", "--init-scale", init_scale)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["target"]["status"]["output_tail"][0].startswith("iter 0"), p["target"]["status"]
+    assert "the GradScaler skipped the first optimizer step" in p["target"]["compared_window"], p["target"]
+    skipped = [x for x in p["not_compared"] if x.startswith("gradients and parameters: the GradScaler skipped")]
+    assert len(skipped) == 1 and reference in skipped[0], p["not_compared"]
+    assert p["summary"]["status_counts"].get("overflow", 0) >= 1, p["summary"]
+    assert any("overflowed at the GradScaler's loss scale" in x for x in p["not_compared"]), p["not_compared"]
+    assert p["verdict"] != "fail", p["first_divergence"]
+    fd = p["first_divergence"]
+    assert fd is None or fd["metric"] != "nan_inf_mismatch", fd
+
+
+def test_a_gans_profile_step_is_one_cycle_of_its_optimizers(tmp_path):
+    """dcgan steps two optimizers an iteration: a profile step was each optimizer step, so the plain and the profiled
+    steps alternated a discriminator's step (data, three forwards, two backwards) with a generator's (one of each) and
+    their medians compared different work (profiled/plain 0.71 on pytorch/examples dcgan). A step is now one cycle of
+    the first optimizer to step, and the run's bound moves one optimizer step further for each of the others: the
+    whole schedule (warm-up, plain, profiler warm-up, profiled, analysis) still completes."""
+    r, doc = _audit(tmp_path, str(GAN), "--device", "cpu", "--profile", "--steps", "2", "--", "--iters", "12")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    f = doc["profile"]
+    assert f["optimizer_steps_per_step"] == 2 and f["step_kind"] == "optimizer steps", f
+    assert f["errors"] == [] and [m for m in f["not_measured"] if "crashed before this one" not in m] == [], f
+    assert len(f["step_ms"]["all"]) == 2 and len(f["profiled_step_ms"]["all"]) == 2, f
+    # each timed step is a whole iteration: the generator's forward (its one sine) once, the discriminator's three
+    # forwards (its one sigmoid each) three times; in two timed steps
+    calls = {o["op"]: o["calls"] for o in f["ops"]}
+    assert calls.get("aten::sin") == 2 and calls.get("aten::sigmoid") == 6, calls
+
+
+def test_a_program_that_updates_its_own_parameters_gets_gradients_and_parameters_compared(tmp_path):
+    """pytorch/examples word_language_model and regression build no optimizer: they subtract ``lr * grad`` from each
+    parameter themselves. The window ran to their next training forward and compared no gradient or parameter ("no
+    optimizer step ran inside the compared window"). The gradients of the models that trained in the window are now
+    sampled at the end of the first backward, and their parameters at the next training forward (the window's end, as
+    before: the program's update and clipping ops are still compared), after the program's update."""
+    prog = tmp_path / "sgd.py"
+    prog.write_text("import torch\ntorch.manual_seed(0)\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))\n"
+                    "for _ in range(4):\n    x = torch.randn(32, 8)\n    model.zero_grad()\n"
+                    "    loss = (model(x) - x.sum(1, keepdim=True)).square().mean()\n    loss.backward()\n"
+                    "    with torch.no_grad():\n        for p in model.parameters():\n"
+                    "            p.add_(p.grad, alpha=-0.1)\n")
+    r, doc = _audit(tmp_path / "out", str(prog), "--device", "cpu", "--precision", "--steps", "3")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["target"]["compared_window"] == ("ops: the next training forward began after a backward (the program "
+                                              "built no optimizer; parameters sampled here, after its own update); "
+                                              "gradients: the end of the first backward"), p["target"]
+    assert p["not_compared"] == [] and p["verdict"] == "pass", (p["not_compared"], p["first_divergence"])
+    rows = [m for m in p["metrics"] if m["kind"] in ("gradient", "parameter")]
+    assert sorted(m["op"] for m in rows) == ["bias", "bias", "bias", "bias", "weight", "weight", "weight", "weight"]
+    assert all(m["total"] is not None and m["status"] == "ok" for m in rows), rows
+    # the parameters after the update: the target's moved from its initial values by the update, as the reference's
+    assert {m["module"] for m in rows} == {"Sequential.0", "Sequential.2"}, rows

@@ -170,8 +170,18 @@ def _tensor_rows(kind: str, pairs, compute_dtype, max_elements, step_floor: floa
 
 
 # -- blame -------------------------------------------------------------------------------------
-def classify(records: Sequence[OpRecord]) -> Tuple[List[str], Optional[Dict[str, Any]]]:
-    """Status per record and the first divergence (see module docstring)."""
+def _overflowed(rec: OpRecord) -> bool:
+    """Whether every comparison of ``rec`` that exceeds does so by NaN/Inf positions (and one does)."""
+    bad = [s for s in (rec.local, rec.total) if s is not None and s["exceeds"]]
+    return bool(bad) and all(s["nan_inf_mismatch"] > 0 for s in bad)
+
+
+def classify(records: Sequence[OpRecord], scaled_overflow: bool = False
+             ) -> Tuple[List[str], Optional[Dict[str, Any]]]:
+    """Status per record and the first divergence (see module docstring). ``scaled_overflow``: the step's
+    GradScaler found Inf/NaN in the scaled gradients and skipped the step, so a backward op whose only fault is
+    NaN/Inf is the loss scale's overflow, which the scaler exists to catch: status ``overflow``, counted as within
+    tolerance (never the first divergence)."""
     within: List[bool] = []
     status: List[str] = []
     tier1 = tier2 = tier3 = None
@@ -183,6 +193,10 @@ def classify(records: Sequence[OpRecord]) -> Tuple[List[str], Optional[Dict[str,
             out_ok = not tot if tot is not None else True
             within.append(out_ok)
             status.append("ok" if out_ok else "exceeds")
+            continue
+        if scaled_overflow and rec.phase == "backward" and _overflowed(rec):
+            within.append(True)
+            status.append("overflow")
             continue
         out_ok = (not tot) if tot is not None else (inputs_ok and not loc)
         within.append(out_ok)

@@ -124,7 +124,7 @@ class PrecisionResult:
         return "\n".join(lines) + "\n"
 
 
-_STATUS_ORDER = {"introduced": 0, "amplified": 1, "exceeds": 2, "inherited": 3, "ok": 4, "unchecked": 5}
+_STATUS_ORDER = {"introduced": 0, "amplified": 1, "exceeds": 2, "inherited": 3, "overflow": 4, "ok": 5, "unchecked": 6}
 
 
 def _f(v):

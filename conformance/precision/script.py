@@ -24,9 +24,14 @@ Window (``precision_warm_steps`` = 0, what the audit does): from the first top-l
 first optimizer step (pre-hook) — evaluation
 forwards before it included —, or, for an optimizer that runs the program's forward and backward inside
 ``step(closure)`` (LBFGS), to the end of the closure's first backward (the parameters are then sampled at the
-closure's next forward, after one update), or to the next grad-enabled top-level forward after a backward (a
-step the program or its GradScaler skipped), or, in a program that built no optimizer and ran no
-backward, to the end of the first top-level forward. With ``precision_warm_steps`` = N > 0 (the
+closure's next forward, after one update), or to a step the GradScaler skipped (``GradScaler.step`` returned without
+the optimizer's step: Inf/NaN in the scaled gradients; the backward outputs that overflowed are status ``overflow``,
+not divergences), or, in a program that built no optimizer, to the next grad-enabled top-level forward after a
+backward, or, with no backward either, to the end of the first top-level forward. Where an optimizer exists and a
+top-level model with parameters runs a second training forward after a backward before the step (gradient
+accumulation's next micro-step, a GAN's second loss on its discriminator), the *ops* stop there (shadowing every
+micro-step would cost them all) and the gradients are still sampled at the optimizer step. A tensor the window's
+ops computed and the program detached (a GAN's fake batch) is not data: it is left out of the data-order check. With ``precision_warm_steps`` = N > 0 (the
 overhead benchmark's warmed-up window) both runs let N optimizer steps pass first and open it at the
 next top-level forward; with ``precision_prime`` the target also shadows those N steps (every comparison
 computed, then thrown away), so the window is a steady-state shadowed step: float64 kernels loaded,
@@ -335,6 +340,16 @@ class ProgramPrecision:
         self._pending_params = False
         self.window = "not started"  # -> open -> closed
         self.closed_by: Optional[str] = None
+        #: the op window closed before the optimizer step (a model's next training forward after a backward:
+        #: gradient accumulation, a GAN's second loss): the gradients are still sampled at that step
+        self._awaiting_grads = False
+        #: when the gradients were sampled (None: not yet), and whether the GradScaler skipped the step instead
+        self.grads_at: Optional[str] = None
+        self.skipped_step = False
+        #: optimizer steps begun (pre-hooks run), to tell a step the GradScaler skipped
+        self._steps_begun = 0
+        #: the top-level modules with parameters that ran a training forward inside the window, by id
+        self._forwarded: Dict[int, weakref.ref] = {}
         self.reasons: List[str] = []
         self.losses: List[float] = []
         self.scaled_losses = False
@@ -349,6 +364,7 @@ class ProgramPrecision:
         self.grads: Dict[str, torch.Tensor] = {}
         self.params: Dict[str, torch.Tensor] = {}
         self.grads_at_backward: Optional[int] = None
+        self.lr = 0.0  # the largest learning rate of the optimizer that made the compared update (0: none known)
         self.ref: Optional[dict] = None
         self.ref_usable = self.role == "target"
         self.tracer: Optional[_ProgramTracer] = None
@@ -481,6 +497,16 @@ class ProgramPrecision:
             GradScaler = None
         if GradScaler is not None:
             real_scale = GradScaler.scale
+            real_step = GradScaler.step
+
+            def step(scaler, optimizer, *a, **k):
+                begun = owner._steps_begun
+                out = real_step(scaler, optimizer, *a, **k)
+                if owner._steps_begun == begun:  # inf or NaN in the gradients: the optimizer's step never ran
+                    owner._skipped_step()
+                return out
+            step.__wrapped__ = real_step  # type: ignore[attr-defined]
+            self._patch(GradScaler, "step", step)
 
             def scale(scaler, outputs):
                 if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
@@ -562,6 +588,8 @@ class ProgramPrecision:
         self._depth += 1
         if top:
             self._top_pre(module, args)
+            if self.window == "open" and torch.is_grad_enabled() and next(iter(module.parameters()), None) is not None:
+                self._forwarded.setdefault(id(module), weakref.ref(module))
         if self.window == "open" and self.tracer is not None:
             self.tracer._pre(self.modules._name(module))(module, args)
         if self.role == "reference" and any(isinstance(t, torch.Tensor) and t.is_floating_point()
@@ -579,16 +607,31 @@ class ProgramPrecision:
         if self.window == "open" and self.tracer is not None:
             self.tracer._post(self.modules._name(module))(module, args, output)
         if self._depth == 0 and self.window == "open" and not torch.is_grad_enabled() \
-                and not self.backwards and not getattr(self.limiter, "optimizers_built", 0):
+                and not self.backwards and not self._optimizer_built():
             self._close("the first inference forward ended (no optimizer, no backward)")
+
+    def _optimizer_built(self) -> bool:
+        return bool(getattr(self.limiter, "optimizers_built", 0) or len(self.optimizers))
 
     def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.window == "open" and self.backwards > self._backwards_at_open and torch.is_grad_enabled():
-            self._close("the next training forward began before any optimizer step "
-                        "(no optimizer, or the step was skipped)")
+            if not self._optimizer_built():  # the gradients were sampled at the first backward's end
+                self._close("the next training forward began after a backward (the program built no optimizer; "
+                            "parameters sampled here, after its own update)")
+            elif id(module) in self._forwarded:
+                # the same model again after a backward, before the optimizer step: the next micro-step of gradient
+                # accumulation, or a GAN's second loss on its discriminator. Shadowing on would cover every
+                # micro-step (nanoGPT accumulates 40); the ops stop here, the gradients are sampled at the step (their
+                # sum)
+                self._close(f"{self.modules._name(module)}'s next training forward began after a backward, before "
+                            "the optimizer step (gradient accumulation, or a second loss on the same model): ops "
+                            "compared up to there")
+                self._awaiting_grads = True
         if self.window == "closed":
             if self._pending_params and self._stepping:  # a closure's next evaluation: one update since the window
-                self._take_params(self._stepping_opt)
+                self._take_params(self._named(self._stepping_opt), self._stepping_opt)
+            elif self._pending_params and not self._optimizer_built():  # after the program's own update
+                self._take_params(self._root_params())
             if self.role == "reference" and module not in self.converted:
                 self._convert(module)
             return
@@ -602,7 +645,10 @@ class ProgramPrecision:
                 self._prepare_statistics(module, args)
             # the data a top-level module gets, not what another top-level module computed for it (an LSTM's output
             # fed to a separate head differs between the runs by the target's rounding: not a data-order change)
-            fp = _fingerprint([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is None])
+            # nor what the window's ops computed and the program detached (a GAN's generated batch, fake.detach())
+            made = self.tracer.produced if self.tracer is not None and self.tracer.recording else lambda t: False
+            fp = _fingerprint([t for t in tree_flatten(args)[0]
+                               if isinstance(t, torch.Tensor) and t.grad_fn is None and not made(t)])
             if len(self.input_fps) < 256:
                 self.input_fps.append(fp)
             if self.role == "target" and self.ref is not None and self.ref_usable:
@@ -692,11 +738,12 @@ class ProgramPrecision:
         if self.role == "reference":
             self._amp_args_float32(opt)
         self._stepping += 1
+        self._steps_begun += 1
         self._stepping_opt = opt
         self.optimizers.add(opt)
         self._end_primer()
-        if self.window == "open":
-            self._take_grads(opt, "the first optimizer step" if not self.warm_steps else
+        if self.window == "open" or self._awaiting_grads:
+            self._take_grads(self._named(opt), "the first optimizer step" if not self.warm_steps else
                              f"optimizer step {self.optimizer_steps + 1} (the first {self.warm_steps} not compared)")
 
     def _amp_args_float32(self, opt: Any) -> None:
@@ -712,25 +759,60 @@ class ProgramPrecision:
 
     def _after_backward(self) -> None:
         """A backward inside an optimizer step (``step(closure)``, as LBFGS runs the program's forward and backward)
-        ends the window there: the closure's next evaluation zeroes the gradients first."""
+        ends the window there: the closure's next evaluation zeroes the gradients first. In a program that built no
+        optimizer (it updates its parameters itself: pytorch/examples word_language_model, regression) the gradients
+        of the window's models are sampled at the end of its first backward; the window goes on (its gradient
+        clipping, its update) to the next training forward, where the parameters are sampled (:meth:`_top_pre`)."""
         if self.window == "open" and self._stepping and self._stepping_opt is not None:
-            self._take_grads(self._stepping_opt, "the first evaluation of the optimizer's closure inside "
+            self._take_grads(self._named(self._stepping_opt), "the first evaluation of the optimizer's closure inside "
                              "step(closure), as LBFGS runs it (parameters after its first update)")
+        elif self.window == "open" and not self._optimizer_built() and self.grads_at_backward is None:
+            self._take_grads(self._root_params(), "the end of the first backward", close=False)
 
-    def _take_grads(self, opt: Any, why: str) -> None:
-        """Sample ``opt``'s gradients, close the window with ``why``; the parameters follow after the update."""
+    def _root_params(self) -> List[tuple]:
+        """``(name, parameter)`` of the top-level models that trained inside the window (for a program with no
+        optimizer to name them), each parameter once."""
+        out, seen = [], set()
+        for ref in self._forwarded.values():
+            for p in (ref() or torch.nn.Module()).parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append((self.param_names.get(id(p), f"param{len(out)}"), p))
+        return out
+
+    def _take_grads(self, named: List[tuple], why: str, close: bool = True) -> None:
+        """Sample the gradients of ``named`` (``(name, parameter)`` pairs: an optimizer's, :meth:`_named`) and, with
+        ``close``, close the window with ``why`` (if it is still open); the parameters follow after the update."""
         with self._internal():
-            self.grads.update(self._samples([(name, p.grad) for name, p in self._named(opt) if p.grad is not None]))
+            self.grads.update(self._samples([(name, p.grad) for name, p in named if p.grad is not None]))
             self.grads_at_backward = self.backwards
         self._pending_params = True
-        self._close(why)
+        self._awaiting_grads = False
+        self.grads_at = why
+        if close:
+            self._close(why)
 
-    def _take_params(self, opt: Any) -> None:
-        """Sample ``opt``'s parameters (after the update that follows the compared gradients), once."""
+    def _skipped_step(self) -> None:
+        """GradScaler.step returned without running the optimizer's step (inf or NaN in the scaled gradients): the
+        window closes with no gradients sampled (the update they were for never happened)."""
+        if self.window != "open" and not self._awaiting_grads:
+            return
+        self.skipped_step = True
+        self._awaiting_grads = False
+        self.grads_at = "the GradScaler skipped the first optimizer step (inf or NaN in the scaled gradients)"
+        if self.window == "open":
+            self._close(self.grads_at)
+        elif self.role == "reference":
+            self._save()
+
+    def _take_params(self, named: List[tuple], opt: Any = None) -> None:
+        """Sample the parameters of ``named`` (after the update that follows the compared gradients), once; ``opt``:
+        the optimizer that updated them (its largest learning rate bounds an update's rounding)."""
         self._pending_params = False
         with self._internal():
-            self.params.update(self._samples([(name, p.detach()) for name, p in self._named(opt)]))
-            self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
+            self.params.update(self._samples([(name, p.detach()) for name, p in named]))
+            if opt is not None:
+                self.lr = max((float(g.get("lr", 0.0)) for g in opt.param_groups), default=0.0)
         if self.role == "reference":
             self._save()
 
@@ -742,7 +824,7 @@ class ProgramPrecision:
             self.after_ms.append((now - self.t_last) * 1e3)
         self.optimizer_steps += 1
         if self._pending_params:
-            self._take_params(opt)
+            self._take_params(self._named(opt), opt)
         if self.window == "closed":
             self.t_last = time.perf_counter()
 
@@ -757,13 +839,16 @@ class ProgramPrecision:
                         "grads": self.grads, "params": self.params, "grads_at_backward": self.grads_at_backward,
                         "init_fp": self.init_fp, "input_fps": self.input_fps, "truncated": self.truncated,
                         "sample_shapes": sorted(self.sample_shapes),
-                        "closed_by": self.closed_by}, tmp)
+                        "closed_by": self.closed_by, "skipped_step": self.skipped_step}, tmp)
         os.replace(tmp, self.samples_path)
 
     def result(self) -> dict:
         """JSON-ready ``{"precision_run": ...}`` for the child's result file (see :func:`section`)."""
         self._close("the program ended")
-        out: Dict[str, Any] = {"role": self.role, "window_closed_by": self.closed_by, "window": self.window,
+        window = self.closed_by
+        if self.grads_at is not None and self.grads_at != self.closed_by:
+            window = f"ops: {self.closed_by}; gradients: {self.grads_at}"
+        out: Dict[str, Any] = {"role": self.role, "window_closed_by": window, "window": self.window,
                                "losses": self.losses, "scaled_losses": self.scaled_losses,
                                "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
@@ -795,9 +880,15 @@ class ProgramPrecision:
         from .compare import _record_row, _tensor_rows, classify
         tr = self.tracer
         records = tr.records if tr is not None else []
-        status, fd = classify(records)
+        status, fd = classify(records, scaled_overflow=self.skipped_step)
         rows = [_record_row(r, s) for r, s in zip(records, status)]
         not_compared: List[str] = []
+        overflowed = [r for r, s in zip(records, status) if s == "overflow"]
+        if overflowed:
+            first = overflowed[0]
+            not_compared.append(f"{len(overflowed)} backward op output(s) overflowed at the GradScaler's loss scale "
+                                f"(first: {first.module}:{first.op}), status 'overflow': the scaler skipped the step, "
+                                "as it is built to; their errors are not judged")
         ref = self.ref if self.ref_usable else None
         # gradients and parameters are judged at the least precise dtype the step computed in (autocast)
         from . import thresholds as th
@@ -805,16 +896,27 @@ class ProgramPrecision:
         if ref is not None:
             pairs = [(n, g, ref.get("grads", {}).get(n)) for n, g in self.grads.items()]
             if self.grads and ref.get("grads_at_backward") == self.grads_at_backward:
+                if not self.params:
+                    not_compared.append("parameters: the program ended before the update that follows the compared "
+                                        "gradients was seen")
                 rows += _tensor_rows("gradient", pairs, compute, SCRIPT_MAX_ELEMENTS)
                 rows += _tensor_rows("parameter", [(n, p, ref.get("params", {}).get(n)) for n, p in self.params.items()],
-                                     compute, SCRIPT_MAX_ELEMENTS, step_floor=getattr(self, "lr", 0.0))
+                                     compute, SCRIPT_MAX_ELEMENTS, step_floor=self.lr)
+            elif self.skipped_step or ref.get("skipped_step"):
+                who = ("the target's and the float64 reference's" if self.skipped_step and ref.get("skipped_step")
+                       else "the target's (the float64 reference stepped)" if self.skipped_step
+                       else "the float64 reference's (the target stepped)")
+                not_compared.append(f"gradients and parameters: the GradScaler skipped {who} first optimizer step "
+                                    "(inf or NaN in the scaled gradients: a loss scale too high for the format, which "
+                                    "it lowers before the next step; not a fault of the program)")
             elif not self.grads:
-                not_compared.append("gradients and parameters: no optimizer step ran inside the compared window "
-                                    f"({self.closed_by or 'no forward ran'})")
+                why = "the program ended before the optimizer step" if self._awaiting_grads else \
+                    self.closed_by or "no forward ran"
+                not_compared.append(f"gradients and parameters: no optimizer step ran inside the compared window ({why})")
             else:
                 not_compared.append("gradients and parameters: the first optimizer step came after a different "
-                                    "number of backward passes in the two runs (a skipped GradScaler step, or a "
-                                    "reference run that ended early)")
+                                    "number of backward passes in the two runs (a step one run skipped on its own, "
+                                    "or a reference run that ended early)")
             missing = collections.Counter(r.op for r in records if r.total is None and r.kind == "op")
             if missing:
                 by_op = ", ".join(f"{op} {n}" + (_UNMATCHED_WHY.get(op, "")) for op, n in missing.most_common(5))

@@ -416,6 +416,12 @@ class StepTracer(TorchDispatchMode):
             return "backward", path or "<unattributed>"
         return "forward", (self._stack[-1] if self._stack else "<root>")
 
+    def produced(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is an output of a recorded op, or a view or copy of one (``detach``): computed by the
+        traced step, not data it was given."""
+        p = self._producer.get(id(t))
+        return p is not None and p[0]() is t
+
     # -- dispatch ---------------------------------------------------------------------------
     def _hold(self, holder: Any, slot: Any) -> None:
         """Queue-side of copy-on-write: ``holder``'s ``slot`` (an attribute name, or an index of a list) is
@@ -515,6 +521,7 @@ class StepTracer(TorchDispatchMode):
         key = (phase, module, op, occ, out_index)
         if self.role == "reference":
             self.samples[key] = take_sample(t, self.max_elements)
+            self._producer[id(t)] = (weakref.ref(t), -1)  # for produced(); no record to blame here
             return
         # K only means something for a reduction (an embedding's "K" was its table over its output)
         k = th.reduction_length(op, args, tuple(t.shape), out_index) if func is not None and op in th.REDUCTION_OPS \

@@ -2,7 +2,9 @@
 
 Runs inside the audit's child (:mod:`hal.conformance.runtime.child`) as a hook, like
 :mod:`hal.conformance.precision.script`. The program's own loop is the step: a step ends at each
-optimizer step (post-hook); in a program that builds no optimizer, at each backward pass; in one that
+optimizer step (post-hook) of the first optimizer to step (a GAN's discriminator and generator steps are one
+step; the run's bound moves one optimizer step further for each of the others'); in a program that builds no
+optimizer, at each backward pass; in one that
 runs no backward either, at the end of each top-level forward. The first step starts at the first
 top-level forward. Schedule over the bounded run (``P`` = ``profile_steps``):
 
@@ -150,6 +152,12 @@ class ProgramProfile:
         self._saved: list = []
         self.errors: List[str] = []
         self.step_kind: Optional[str] = None
+        #: the first optimizer to finish a step: a step is one of its cycles (lead step to lead step), so a GAN's
+        #: discriminator and generator steps are one step, not two steps of different work each
+        self._lead: Optional[weakref.ref] = None
+        #: optimizer steps in the latest cycle of the lead optimizer (theirs included; None: no cycle yet)
+        self.optimizer_steps_per_step: Optional[int] = None
+        self._cycle_steps = 0
         self.est: Optional[dict] = None  # taken while the program's objects are alive (at the end they are gone)
 
     # -- install --------------------------------------------------------------------------------
@@ -158,6 +166,7 @@ class ProgramProfile:
         from torch.optim import optimizer as o
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post),
+                         o.register_optimizer_step_pre_hook(self._opt_pre),
                          o.register_optimizer_step_post_hook(self._opt_post)]
         real_backward = torch.autograd.backward
         owner = self
@@ -190,9 +199,24 @@ class ProgramProfile:
         if self._depth == 0 and not torch.is_grad_enabled() and not self._optimizers_built() and not self.backwards:
             self._tick("forward passes")
 
+    def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
+        """Another optimizer than the lead steps: that step is part of the lead's cycle, so the run's step bound
+        (optimizer steps, :class:`~hal.conformance.runtime.stepping.StepLimiter`, whose post-hook counts it) moves
+        one further: the schedule's steps are cycles."""
+        lead = self._lead() if self._lead is not None else None
+        if lead is not None and opt is not lead and getattr(self.limiter, "limit", None) is not None:
+            self.limiter.limit += 1
+
     def _opt_post(self, opt: Any, _a: Any, _k: Any) -> None:
         self.optimizers.add(opt)
-        self._tick("optimizer steps")
+        if self._lead is None:
+            self._lead = weakref.ref(opt)
+        self._cycle_steps += 1
+        if self._lead() is opt:
+            if self.step:  # the first lead step ends the warm-up step, whatever came before it
+                self.optimizer_steps_per_step = self._cycle_steps
+            self._cycle_steps = 0
+            self._tick("optimizer steps")
 
     # -- the schedule ---------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -303,14 +327,23 @@ class ProgramProfile:
             from hal.models.measure import _allocator_peak_delta
             self._mem_prof.__exit__(None, None, None)
             peak, _ = _allocator_peak_delta(self._mem_prof)
-            # kept alive until the child's os._exit: on torch 2.4.1 collecting a profile_memory profiler
-            # that was stopped inside an optimizer hook segfaulted (3 runs in 5, in the cycle collector)
-            self._keep.append(self._mem_prof)
+            self._hold(self._mem_prof)
             self._mem_prof = None
             self.memory = {"peak_bytes": self._baseline + peak, "baseline_bytes": self._baseline,
                            "source": "live tensors of the program's modules and optimizers before the analysis "
                                      "step + peak net CPU allocator allocations in it (torch.profiler "
                                      "profile_memory)"}
+
+    def _hold(self, prof: Any) -> None:
+        """Keep a stopped profiler alive until the child's ``os._exit``, and stop the cycle collector for the rest of
+        the run: on torch 2.4.1 collecting a ``profile_memory`` profiler that was stopped inside an optimizer hook
+        segfaulted (3 runs in 5), and with the profilers kept, the collector still segfaulted collecting the garbage
+        a stopped session leaves (torch 2.13, 2026-12-05: 7 crashed profile runs in 15 of a ``-m`` package target,
+        each time in a collection at the child's end; none in 12 with the collector off). The rest of the run is
+        untimed (the analysis step and the result), and short: the run is bounded."""
+        import gc
+        self._keep.append(prof)
+        gc.disable()
 
     def _begin_profiler(self) -> None:
         """The timed steps' profiler: it starts one step early (with ``W``), the profiler warm-up step
@@ -334,7 +367,7 @@ class ProgramProfile:
     def _end_profiler(self) -> None:
         prof, self.prof = self.prof, None
         prof.stop()  # a cycle cut short by the program's end reaches _timed_ready here
-        self._keep.append(prof)  # see _end_analysis
+        self._hold(prof)
 
     def _begin_attribution(self) -> None:
         from torch.profiler import profile
@@ -345,7 +378,7 @@ class ProgramProfile:
         from .profiler import device_split
         prof, self.prof = self.prof, None
         prof.stop()
-        self._keep.append(prof)
+        self._hold(prof)
         self._record(prof, device_split(self.timed_events, prof.events()))
 
     def _record(self, prof: Any, device: Optional[dict]) -> None:
@@ -488,6 +521,7 @@ class ProgramProfile:
             "activity_note": self.act_note or ("device activity recorded" if has_device else
                                                "CPU only: device_ms is null, host self time is the op time"),
             "steps": len(self.profiled), "warmup": 1, "step_kind": self.step_kind,
+            "optimizer_steps_per_step": self.optimizer_steps_per_step,
             "step_ms": {"median": plain_med, "all": self.plain, "min": min(self.plain) if self.plain else None},
             "profiled_step_ms": {"median": prof_med, "all": self.profiled,
                                  "min": min(self.profiled) if self.profiled else None},
