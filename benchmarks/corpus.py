@@ -170,7 +170,8 @@ RUNS_UNDER = {
         "t24", "its torch.load of a pickled numpy array fails on torch >= 2.6 (weights_only=True by default) "
                "without the audit too; torch 2.4.1 is the torch torch_mlu users run"),
 }
-_DEFAULT_VENVS = {"tv": ".venvv", "t24": ".venv24"}
+#: the interpreters of each kind where the README sets them up (`--python KIND=PATH` replaces them)
+_DEFAULT_VENVS = {"tv": ".venv-tv214", "t24": ".venv-torch24"}
 
 
 def _commit(repo: Path) -> str:
@@ -249,6 +250,8 @@ def section_fields(report: dict) -> dict:
                           if fd else None,
                           "ops": summ.get("ops"), "shadowed": summ.get("shadowed"),
                           "matched_reference": summ.get("matched_reference"),
+                          "gradients": summ.get("gradients"), "parameters": summ.get("parameters"),
+                          "compared_window": (pr.get("target") or {}).get("compared_window"),
                           "not_compared": pr.get("not_compared") or [], "window_ms": timing.get("window_ms"),
                           "after_window_step_ms": after,
                           "window_vs_step": timing["window_ms"] / min(after) if after and timing.get("window_ms")
@@ -290,7 +293,7 @@ def interpreters(given: list[str]) -> dict[str, str]:
         kind, _, path = item.partition("=")
         if not path:
             raise SystemExit(f"corpus.py: --python wants KIND=PATH, not {item!r}")
-        out[kind] = path
+        out[kind] = os.path.abspath(path)  # the programs run from their own folders
     return out
 
 
