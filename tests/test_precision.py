@@ -135,6 +135,42 @@ def test_untagged_elementwise_activations_get_a_sampled_shadow():
     assert samp.verdict == "pass"
 
 
+class _ToBfloat16(torch.nn.Module):
+    def forward(self, x):
+        return x.to(torch.bfloat16).float()
+
+
+def test_large_casts_and_layer_norms_get_a_sampled_shadow():
+    """A cast (``_to_copy``: autocast makes dozens a step) and ``native_layer_norm`` with its backward had no sampled
+    shadow: outputs over HUGE_FACTOR x max_elements went unshadowed (on the H200, 22 of the 38 unshadowed outputs of
+    the CUDA autocast fixture's step, 524288 elements each). A cast is shadowed on a block, a layer norm (and its
+    input gradient) on a run of rows computed from those rows alone; their errors agree with the whole op's."""
+    def net():
+        return torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.LayerNorm(512), _ToBfloat16(),
+                                   torch.nn.Linear(512, 4))
+    x = torch.randn(256, 16)
+    samp = compare_module(net, x, max_elements=512)  # 131072-element outputs: over 64 x 512
+    full = compare_module(net, x, sample=False)
+    want = {("forward", "native_layer_norm", 0): "rows ", ("backward", "native_layer_norm_backward", 0): "rows ",
+            ("forward", "_to_copy", 0): "block "}
+    f = {(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"]): r for r in full.rows(kind="op")}
+    seen = set()
+    for r in samp.rows(kind="op"):
+        kind = want.get((r["phase"], r["op"], r["out_index"]))
+        if kind is None or r["shape"] != [256, 512]:
+            continue
+        assert r["shadow_error"] is None and r["sampling"].startswith(kind) and r["local"]["n"] == 512, r
+        ref = f[(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"])]
+        assert r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12, (r["local"], ref["local"])
+        if r["local"]["max_abs"] > 0:  # not the exact float32 <- bfloat16 cast: a rounding the sample sees
+            seen.add((r["phase"], r["op"], r["dtype"]))
+    assert seen == {("forward", "native_layer_norm", "float32"), ("backward", "native_layer_norm_backward", "float32"),
+                    ("forward", "_to_copy", "bfloat16")}, seen
+    # the bfloat16 round trip takes the float32 gradients and loss beyond float32's tolerance (a warning, rightly);
+    # every op is within its own
+    assert samp.verdict == full.verdict and samp.first_divergence is None is full.first_divergence
+
+
 @pytest.mark.parametrize("queued", [False, True])  # True: the device's code path (no early exits), on the CPU
 def test_sentinel_values_compare_as_infinities(queued, monkeypatch):
     """torch.finfo(dtype).min/max are sentinels: a value of one of those magnitudes compares as that sign's infinity,

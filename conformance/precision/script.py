@@ -774,7 +774,8 @@ class ProgramPrecision:
         optimizer to name them), each parameter once."""
         out, seen = [], set()
         for ref in self._forwarded.values():
-            for p in (ref() or torch.nn.Module()).parameters():
+            module = ref()
+            for p in module.parameters() if module is not None else ():
                 if id(p) not in seen:
                     seen.add(id(p))
                     out.append((self.param_names.get(id(p), f"param{len(out)}"), p))

@@ -665,6 +665,16 @@ class Shadow:
             rs, n_rows, last = sel
             return self._job(func, (args[0].reshape(n_rows, last)[rs], -1, False), {}, home, 0,
                              out.reshape(n_rows, last)[rs], f"rows {rs.stop - rs.start}/{n_rows}")
+        if name == "_to_copy" and len(args) == 1 and isinstance(args[0], torch.Tensor) \
+                and args[0].shape == out.shape and out.is_floating_point():
+            # a cast (autocast makes dozens a step, some of 500K elements): each element from its own
+            shape = tuple(out.shape)
+            block = _block(shape, self.max_elements)
+            tv = _block_of(out, shape, block)
+            return self._job(func, (_block_of(args[0], shape, block),), kwargs, home, 0, tv,
+                             f"block {tv.numel()}/{out.numel()}")
+        if name in ("native_layer_norm", "native_layer_norm_backward") and not kwargs:
+            return self._layer_norm_rows(func, name, args, out, home)
         if is_pointwise(func) and not kwargs:
             shape = tuple(out.shape)
             if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
@@ -674,3 +684,30 @@ class Shadow:
             tv = _block_of(out, shape, block)
             return self._job(func, tuple(picked), {}, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
         return None
+
+    def _layer_norm_rows(self, func, name, args, out, home) -> Optional[ShadowJob]:
+        """A run of rows of ``native_layer_norm``'s output, or of its backward's input gradient (output 0): a row
+        is normalised over the ``normalized_shape`` dims from that row's input (and, backward, its output gradient,
+        mean and rstd) alone, so the rows' float64 call on those rows computes them. None when ``out`` is small
+        enough to compare whole."""
+        if len(args) != (5 if name == "native_layer_norm" else 8):
+            return None
+        normalized = [int(n) for n in (args[1] if name == "native_layer_norm" else args[2])]
+        d = math.prod(normalized)
+        n_rows = out.numel() // max(1, d)
+        if n_rows * d <= self.max_elements or n_rows <= 1:
+            return None
+        rs = _span(n_rows, max(1, self.max_elements // d))
+        k = rs.stop - rs.start
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(n_rows, d)[rs].reshape(k, *normalized)
+
+        if name == "native_layer_norm":  # (input, normalized_shape, weight, bias, eps)
+            call = (rows(args[0]), normalized, *args[2:5])
+        else:  # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask): the input gradient only
+            def stat(t: torch.Tensor) -> torch.Tensor:
+                return t.reshape(n_rows, 1)[rs].reshape(k, *([1] * len(normalized)))
+            call = (rows(args[0]), rows(args[1]), normalized, stat(args[3]), stat(args[4]), args[5], args[6],
+                    [True, False, False])
+        return self._job(func, call, {}, home, 0, rows(out), f"rows {k}/{n_rows}")
