@@ -29,6 +29,16 @@ def _audit(tmp_path, *argv, cwd=None):
     return r, doc
 
 
+def _program_precision(tmp_path, name: str, source: str, steps: int = 2) -> dict:
+    """The precision section of ``hal-audit <tmp_path>/<name> --device cpu --precision --steps N`` on ``source``,
+    written there first; the audit must exit 0."""
+    prog = tmp_path / name
+    prog.write_text(source)
+    r, doc = _audit(tmp_path / "out", str(prog), "--device", "cpu", "--precision", "--steps", str(steps))
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    return doc["precision"]
+
+
 @pytest.fixture(scope="module")
 def naive(tmp_path_factory):
     out = tmp_path_factory.mktemp("naive")
@@ -387,23 +397,19 @@ def test_a_vaes_reparameterisation_draws_the_same_noise_in_both_runs(tmp_path):
     and in float64 in the reference, the CPU generator gave different noise, and the first op after the draw was
     blamed ('amplified', cosine 0.09). Both runs now draw in float64 and the target rounds to float32: every output
     matches its counterpart."""
-    prog = tmp_path / "vae.py"
-    prog.write_text("import torch\ntorch.manual_seed(0)\n"
-                    "class VAE(torch.nn.Module):\n"
-                    "    def __init__(self):\n"
-                    "        super().__init__()\n"
-                    "        self.enc, self.dec = torch.nn.Linear(8, 8), torch.nn.Linear(4, 8)\n"
-                    "    def forward(self, x):\n"
-                    "        mu, logvar = self.enc(x).chunk(2, dim=1)\n"
-                    "        std = torch.exp(0.5 * logvar)\n"
-                    "        return self.dec(mu + torch.randn_like(std) * std)\n"
-                    "model = VAE()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                    "for _ in range(3):\n    x = torch.randn(16, 8)\n"
-                    "    loss = (model(x) - x).square().mean()\n    opt.zero_grad()\n    loss.backward()\n"
-                    "    opt.step()\n")
-    r, doc = _audit(tmp_path / "out", str(prog), "--device", "cpu", "--precision", "--steps", "2")
-    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
-    p = doc["precision"]
+    p = _program_precision(tmp_path, "vae.py", "import torch\ntorch.manual_seed(0)\n"
+                           "class VAE(torch.nn.Module):\n"
+                           "    def __init__(self):\n"
+                           "        super().__init__()\n"
+                           "        self.enc, self.dec = torch.nn.Linear(8, 8), torch.nn.Linear(4, 8)\n"
+                           "    def forward(self, x):\n"
+                           "        mu, logvar = self.enc(x).chunk(2, dim=1)\n"
+                           "        std = torch.exp(0.5 * logvar)\n"
+                           "        return self.dec(mu + torch.randn_like(std) * std)\n"
+                           "model = VAE()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                           "for _ in range(3):\n    x = torch.randn(16, 8)\n"
+                           "    loss = (model(x) - x).square().mean()\n    opt.zero_grad()\n    loss.backward()\n"
+                           "    opt.step()\n")
     assert p["verdict"] == "pass" and p["first_divergence"] is None, p.get("first_divergence")
     assert p["summary"]["matched_reference"] == p["summary"]["ops"] > 0 and p["not_compared"] == [], p["not_compared"]
 
@@ -414,14 +420,12 @@ def test_a_float32_lstm_on_the_cpu_says_why_its_onednn_ops_have_no_float64_count
     Fed the program's float32 data directly, the float64 reference's LSTM refused it in its own Python ("RNN input
     dtype (torch.float32) does not match weight dtype"): module inputs are float64 there. Its output, fed to a second
     top-level module, differs between the runs by rounding, which is no change of the data order."""
-    prog = tmp_path / "lstm.py"
-    prog.write_text("import torch\ntorch.manual_seed(0)\nrnn, head = torch.nn.LSTM(4, 8), torch.nn.Linear(8, 2)\n"
-                    "opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=0.1)\n"
-                    "for _ in range(3):\n    out, _ = rnn(torch.randn(5, 2, 4))\n"
-                    "    loss = head(out).square().mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
-    r, doc = _audit(tmp_path / "out", str(prog), "--device", "cpu", "--precision", "--steps", "2")
-    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
-    p = doc["precision"]
+    p = _program_precision(tmp_path, "lstm.py", "import torch\ntorch.manual_seed(0)\n"
+                           "rnn, head = torch.nn.LSTM(4, 8), torch.nn.Linear(8, 2)\n"
+                           "opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=0.1)\n"
+                           "for _ in range(3):\n    out, _ = rnn(torch.randn(5, 2, 4))\n"
+                           "    loss = head(out).square().mean()\n    opt.zero_grad()\n"
+                           "    loss.backward()\n    opt.step()\n")
     assert p["verdict"] == "pass", p.get("first_divergence")
     why = [x for x in p["not_compared"] if "mkldnn_rnn_layer" in x]
     assert why and "oneDNN's recurrent layer" in why[0], p["not_compared"]
@@ -508,16 +512,13 @@ def test_a_program_that_updates_its_own_parameters_gets_gradients_and_parameters
     optimizer step ran inside the compared window"). The gradients of the models that trained in the window are now
     sampled at the end of the first backward, and their parameters at the next training forward (the window's end, as
     before: the program's update and clipping ops are still compared), after the program's update."""
-    prog = tmp_path / "sgd.py"
-    prog.write_text("import torch\ntorch.manual_seed(0)\n"
-                    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))\n"
-                    "for _ in range(4):\n    x = torch.randn(32, 8)\n    model.zero_grad()\n"
-                    "    loss = (model(x) - x.sum(1, keepdim=True)).square().mean()\n    loss.backward()\n"
-                    "    with torch.no_grad():\n        for p in model.parameters():\n"
-                    "            p.add_(p.grad, alpha=-0.1)\n")
-    r, doc = _audit(tmp_path / "out", str(prog), "--device", "cpu", "--precision", "--steps", "3")
-    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
-    p = doc["precision"]
+    p = _program_precision(tmp_path, "sgd.py", "import torch\ntorch.manual_seed(0)\n"
+                           "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),\n"
+                           "                            torch.nn.Linear(16, 1))\n"
+                           "for _ in range(4):\n    x = torch.randn(32, 8)\n    model.zero_grad()\n"
+                           "    loss = (model(x) - x.sum(1, keepdim=True)).square().mean()\n    loss.backward()\n"
+                           "    with torch.no_grad():\n        for p in model.parameters():\n"
+                           "            p.add_(p.grad, alpha=-0.1)\n", steps=3)
     assert p["target"]["compared_window"] == ("ops: the next training forward began after a backward (the program "
                                               "built no optimizer; parameters sampled here, after its own update); "
                                               "gradients: the end of the first backward"), p["target"]
