@@ -346,8 +346,6 @@ class ProgramPrecision:
         #: when the gradients were sampled (None: not yet), and whether the GradScaler skipped the step instead
         self.grads_at: Optional[str] = None
         self.skipped_step = False
-        #: optimizer steps begun (pre-hooks run), to tell a step the GradScaler skipped
-        self._steps_begun = 0
         #: the top-level modules with parameters that ran a training forward inside the window, by id
         self._forwarded: Dict[int, weakref.ref] = {}
         self.reasons: List[str] = []
@@ -500,9 +498,9 @@ class ProgramPrecision:
             real_step = GradScaler.step
 
             def step(scaler, optimizer, *a, **k):
-                begun = owner._steps_begun
+                done = owner.optimizer_steps  # counted by the optimizer's post-hook, inside real_step
                 out = real_step(scaler, optimizer, *a, **k)
-                if owner._steps_begun == begun:  # inf or NaN in the gradients: the optimizer's step never ran
+                if owner.optimizer_steps == done:  # inf or NaN in the gradients: the optimizer's step never ran
                     owner._skipped_step()
                 return out
             step.__wrapped__ = real_step  # type: ignore[attr-defined]
@@ -738,7 +736,6 @@ class ProgramPrecision:
         if self.role == "reference":
             self._amp_args_float32(opt)
         self._stepping += 1
-        self._steps_begun += 1
         self._stepping_opt = opt
         self.optimizers.add(opt)
         self._end_primer()

@@ -665,24 +665,18 @@ class Shadow:
             rs, n_rows, last = sel
             return self._job(func, (args[0].reshape(n_rows, last)[rs], -1, False), {}, home, 0,
                              out.reshape(n_rows, last)[rs], f"rows {rs.stop - rs.start}/{n_rows}")
-        if name == "_to_copy" and len(args) == 1 and isinstance(args[0], torch.Tensor) \
-                and args[0].shape == out.shape and out.is_floating_point():
-            # a cast (autocast makes dozens a step, some of 500K elements): each element from its own
-            shape = tuple(out.shape)
-            block = _block(shape, self.max_elements)
-            tv = _block_of(out, shape, block)
-            return self._job(func, (_block_of(args[0], shape, block),), kwargs, home, 0, tv,
-                             f"block {tv.numel()}/{out.numel()}")
         if name in ("native_layer_norm", "native_layer_norm_backward") and not kwargs:
             return self._layer_norm_rows(func, name, args, out, home)
-        if is_pointwise(func) and not kwargs:
+        # point-wise, or a cast (autocast makes dozens a step, some of 500K elements; its dtype is a keyword): each
+        # element from its own
+        if (is_pointwise(func) and not kwargs) or (name == "_to_copy" and len(args) == 1 and out.is_floating_point()):
             shape = tuple(out.shape)
             if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
             block = _block(shape, self.max_elements)
             picked = [_block_of(a, shape, block) if isinstance(a, torch.Tensor) and a.dim() else a for a in args]
             tv = _block_of(out, shape, block)
-            return self._job(func, tuple(picked), {}, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
+            return self._job(func, tuple(picked), kwargs, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
         return None
 
     def _layer_norm_rows(self, func, name, args, out, home) -> Optional[ShadowJob]:
