@@ -1,6 +1,7 @@
 """Precision comparison against float64: blame, thresholds, metrics, drift, calibration, CLI."""
 from __future__ import annotations
 
+import collections
 import json
 import math
 import subprocess
@@ -8,16 +9,16 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hal.conformance.precision import PrecisionResult, compare_module
 from hal.conformance.precision import thresholds as th
+from hal.conformance.precision.blocks import block, block_of
 from hal.conformance.precision.calibration import calibrate, op_verdict
-from hal.conformance.precision.shadow import _block, _block_of
-from hal.conformance.precision.tracer import StepTracer
 from hal.conformance.precision.drift import drift_stats
 from hal.conformance.precision.metrics import error_stats, sample_index, take_sample
+from hal.conformance.precision.shadow import Shadow
+from hal.conformance.precision.tracer import StepTracer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 class NaiveSoftmaxFP16(torch.nn.Module):
@@ -169,6 +170,109 @@ def test_large_casts_and_layer_norms_get_a_sampled_shadow():
     # the bfloat16 round trip takes the float32 gradients and loss beyond float32's tolerance (a warning, rightly);
     # every op is within its own
     assert samp.verdict == full.verdict and samp.first_divergence is None is full.first_divergence
+
+
+class _TinyEncoder(torch.nn.Module):
+    def __init__(self, vocab: int = 64, width: int = 32, heads: int = 2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.layer(self.embed(tokens)))
+
+
+def test_attention_embedding_and_gradient_routing_get_a_sampled_shadow():
+    """The large outputs of a transformer step that had no sampled shadow (the CUDA autocast fixture at its default
+    size left 16 of 152 unshadowed on the CPU): the embedding, the attention kernel and its three gradients,
+    ``select_backward`` (the packed q/k/v projection's gradient) and ``nll_loss_backward``. Each is shadowed on a
+    sample (a block of the embedding's rows, query rows of the attention, whole heads of its backward, where the
+    gradient lands, rows of the loss gradient), and the sample's error agrees with the whole op's."""
+    tokens = torch.randint(0, 64, (4, 48), generator=torch.Generator().manual_seed(0))
+
+    def loss(logits):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+
+    samp = compare_module(_TinyEncoder, (tokens,), loss_fn=loss, max_elements=256)
+    full = compare_module(_TinyEncoder, (tokens,), loss_fn=loss, sample=False)
+    want = {("forward", "embedding"): "block ", ("forward", "scaled_dot_product_attention"): "block ",
+            ("backward", "scaled_dot_product_attention_backward"): "heads ",
+            ("backward", "select_backward"): "block ", ("backward", "nll_loss_backward"): "rows "}
+    f = {(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"]): r for r in full.rows(kind="op")}
+    seen = collections.Counter()
+    for r in samp.rows(kind="op"):
+        kind = want.get((r["phase"], r["op"]))
+        if kind is None:
+            continue
+        assert r["shadow_error"] is None and r["sampling"].startswith(kind), r
+        ref = f[(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"])]
+        assert ref["sampling"] == "full" and r["local"]["n"] < ref["local"]["n"], (r, ref)
+        assert r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12, (r["local"], ref["local"])
+        seen[(r["phase"], r["op"])] += 1
+    assert seen == {("forward", "embedding"): 1, ("forward", "scaled_dot_product_attention"): 1,
+                    ("backward", "scaled_dot_product_attention_backward"): 3, ("backward", "select_backward"): 3,
+                    ("backward", "nll_loss_backward"): 1}, seen
+    assert samp.summary["shadow_failed"] == 0 and samp.verdict == full.verdict
+
+
+@pytest.mark.parametrize("mask", [None, "causal", "masked", "float"])
+def test_sampled_attention_compares_rows_and_heads_with_their_float64_attention(mask):
+    """The CPU flash-attention kernel in float64 (so the shadow must equal it): its sampled shadow is the math
+    attention of a run of query rows (a causal mask written out for those rows), its backward's the gradients of
+    whole heads, one float64 call for the three; each target is the same place of the kernel's own output."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    keep = (torch.rand(40, 40, generator=g) > 0.3).fill_diagonal_(True)  # no fully masked row
+    # what F.scaled_dot_product_attention hands the kernel for a boolean mask: -inf where it is False
+    m = {None: None, "causal": None, "masked": torch.zeros(40, 40, dtype=torch.float64).masked_fill(~keep, -math.inf),
+         "float": torch.randn(2, 1, 40, 40, generator=g, dtype=torch.float64)}[mask]
+    causal = mask == "causal"
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, causal, attn_mask=m, scale=0.4)
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        dout, q, k, v, out, lse, 0.0, causal, attn_mask=m, scale=0.4)
+    sh = Shadow(max_elements=96)
+    tv, ref, how = sh.run(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v, 0.0, causal),
+                          {"attn_mask": m, "scale": 0.4}, out, 0)
+    assert how.startswith("block ") and 0 < tv.numel() < out.numel() and tv.untyped_storage().data_ptr() == \
+        out.untyped_storage().data_ptr()
+    torch.testing.assert_close(tv, ref, rtol=1e-10, atol=1e-12)
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    args, kwargs = (dout, q, k, v, out, lse, 0.0, causal), {"attn_mask": m, "scale": 0.4}
+    jobs = [sh.plan(bwd, args, kwargs, grads[i], i) for i in range(3)]
+    sh.flush(jobs)
+    for j in jobs:
+        assert j.error is None and j.how == "heads 1/6" and j.target.numel() == 40 * 8, (j.error, j.how)
+        torch.testing.assert_close(j.target, j.ref, rtol=1e-9, atol=1e-12)
+    assert sh.shared_jobs == 2
+
+
+def test_gradient_routing_embedding_and_loss_gradient_samples_are_exact():
+    """``select_backward``, ``slice_backward`` and ``embedding`` are exact copies: their sampled shadows (where the
+    gradient lands; the table rows of a block of indices) equal the float32 output exactly, and a wrong value
+    written there is seen; so with ``nll_loss_backward``'s rows (-0.5 / 64 at each row's class: exact in float32).
+    """
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(9)
+    grad = torch.randn(8, 16, 32, generator=g)
+    weight, idx = torch.randn(50, 32, generator=g), torch.randint(0, 50, (8, 16), generator=g)
+    logp = torch.randn(64, 30, generator=g).log_softmax(-1)
+    target = torch.randint(0, 30, (64,), generator=g)
+    total = torch.tensor(64.0)
+    cases = [(aten.select_backward.default, (grad, [3, 8, 16, 32], 0, 2), lambda o: o[2]),
+             (aten.slice_backward.default, (grad, [8, 40, 32], 1, 5, 37, 2), lambda o: o[:, 5:37:2]),
+             (aten.embedding.default, (weight, idx), lambda o: o),
+             (aten.nll_loss_backward.default, (torch.tensor(0.5), logp, target, None, 1, -100, total), lambda o: o)]
+    for func, args, lands in cases:
+        out = func(*args)
+        sh = Shadow(max_elements=100)
+        tv, ref, how = sh.run(func, args, {}, out, 0)
+        assert 0 < tv.numel() <= 128 < out.numel() and not how.startswith("full"), (func, how)
+        assert torch.equal(tv.double(), ref), func
+        lands(out).mul_(1.5)  # a kernel writing the wrong values where the gradient lands
+        tv, ref, _ = sh.run(func, args, {}, out, 0)
+        assert not torch.equal(tv.double(), ref), func
 
 
 @pytest.mark.parametrize("queued", [False, True])  # True: the device's code path (no early exits), on the CPU
@@ -340,7 +444,6 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 def test_device_attention_kernels_have_a_float64_cpu_shadow():
     """CUDA-only SDPA kernels (flash/efficient) are shadowed by float64 math attention on the CPU;
     checked here against CPU attention with the same argument layout (no GPU needed)."""
-    from hal.conformance.precision.shadow import Shadow
     aten = torch.ops.aten
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 8, 4, generator=g) for _ in range(3))
@@ -407,9 +510,9 @@ def test_pointwise_sample_block_is_a_view_that_commutes_with_the_op(shape, max_e
     shape = tuple(shape)
     bshape = tuple(1 if data.draw(st.booleans()) else s for s in shape[data.draw(st.integers(0, len(shape) - 1)):])
     a, b = torch.randn(shape), torch.randn(bshape)
-    block = _block(shape, max_elements)
+    where = block(shape, max_elements)
     out = torch.addcmul(a, a, b)
-    got = torch.addcmul(_block_of(a, shape, block), _block_of(a, shape, block), _block_of(b, shape, block))
-    want = _block_of(out, shape, block)
+    got = torch.addcmul(block_of(a, shape, where), block_of(a, shape, where), block_of(b, shape, where))
+    want = block_of(out, shape, where)
     assert torch.equal(got, want) and 0 < want.numel() <= max(max_elements, 1)
     assert want.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()  # a view: no gather

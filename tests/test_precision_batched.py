@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hal
-from hal.conformance.precision import metrics, shadow
+from hal.conformance.precision import attention, metrics, shadow
 from hal.conformance.precision.metrics import StatsRequest, error_stats, error_stats_many
 from hal.conformance.precision.shadow import ENV_SHADOW_DEVICE, _HOMES, float64_home
 from hal.conformance.precision.tracer import StepTracer
@@ -546,7 +546,7 @@ def test_math_attention_grads_are_the_attention_gradients(causal, mask, scale):
         m.fill_diagonal_(True)  # no fully masked row
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale)
     want = torch.autograd.grad(out, (q, k, v), dout)
-    got = shadow.math_attention_grads(dout, q.detach(), k.detach(), v.detach(), attn_mask=m, is_causal=causal, scale=scale)
+    got = attention.math_attention_grads(dout, q.detach(), k.detach(), v.detach(), attn_mask=m, is_causal=causal, scale=scale)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -564,7 +564,7 @@ def _kernel_args(func, values: dict):
     return tuple(args), kwargs
 
 
-@pytest.mark.parametrize("kernel", sorted(shadow._DEVICE_ATTENTION))
+@pytest.mark.parametrize("kernel", sorted(attention._DEVICE_ATTENTION))
 def test_device_attention_kernels_are_shadowed_by_the_math_attention(kernel):
     """A device-only attention kernel (flash, efficient, cudnn: their arguments read by schema name, whose positions
     differ between torch versions) is shadowed by the float64 math attention with its causal flag and scale, and its
@@ -587,7 +587,7 @@ def test_device_attention_kernels_are_shadowed_by_the_math_attention(kernel):
     sh.flush([job, *grads])
     assert job.error is None and all(j.error is None for j in grads), [job.error] + [j.error for j in grads]
     torch.testing.assert_close(job.ref, F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, scale=0.3))
-    want = shadow.math_attention_grads(d64, q64, k64, v64, is_causal=True, scale=0.3)
+    want = attention.math_attention_grads(d64, q64, k64, v64, is_causal=True, scale=0.3)
     for j, w in zip(grads, want):
         torch.testing.assert_close(j.ref, w)
     assert sh.shared_jobs == 2

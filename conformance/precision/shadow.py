@@ -12,13 +12,16 @@ unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept d
 * an upcast cache (:class:`UpcastCache`) keyed by storage, offset, shape, stride, dtype and
   version, holding a strong reference to the source so the key cannot be recycled; bounded by
   bytes (LRU), cleared by the owner at the end of each step;
-* sampling giant outputs, always on views (no gather; only the float64 copies of the sampled
+* sampling giant outputs, on views (the places are :mod:`blocks`'; only the float64 copies of the sampled
   inputs cost a kernel, and the compared output is a view the tracer copies only if it is written):
   matrix products are shadowed on a fixed run of output rows x a run of columns (only those rows of
-  A and columns of B are upcast), point-wise ops on a fixed block (one index of each leading dim, a
-  run of the next, the rest whole), last-dim softmax (and its backward) on a run of rows. Everything else is shadowed
-  in full, except outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are
-  left to the reference-run comparison (recorded as unshadowed with the reason).
+  A and columns of B are upcast), point-wise ops and casts on a fixed block (one index of each leading dim, a
+  run of the next, the rest whole), last-dim softmax (and its backward), layer norm (and its input gradient) and
+  ``nll_loss_backward`` on a run of rows, ``select_backward``/``slice_backward`` on a block of where the gradient
+  lands, ``embedding`` on a block (its table rows gathered, never the whole table made float64), attention on
+  query rows and its backward on whole heads (:mod:`attention`). Everything else is shadowed in full, except
+  outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are left to the reference-run
+  comparison (recorded as unshadowed with the reason).
 
 Planning runs inside a tracer's ``__torch_dispatch__``, below autograd; the owner flushes under
 ``torch.no_grad()``: nothing here is recorded for the backward, so no tensor needs ``detach()``. Not
@@ -29,7 +32,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,6 +39,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .argtree import map_leaves, named_arguments
+from .attention import (ATTENTION_BACKWARD, ATTENTION_FORWARD, _DEVICE_ATTENTION, _DEVICE_ATTENTION_BACKWARD,
+                        attention_backward_call, attention_call, sampled_attention, sampled_attention_backward)
+from .blocks import UnshadowedError, block, block_of, broadcasts_to, grid, span
 from .metrics import DEFAULT_MAX_ELEMENTS, to_home
 
 _F64 = torch.float64
@@ -109,54 +114,6 @@ class UpcastCache:
         self._bytes = 0
 
 
-def _span(n: int, m: int) -> slice:
-    """A fixed run of ``min(n, m)`` of ``n`` consecutive positions: a function of ``n`` and ``m`` only, so an op
-    of one shape is always compared at the same place."""
-    m = max(1, min(n, m))
-    start = (n * 7919 + m * 104729) % (n - m + 1)
-    return slice(start, start + m)
-
-
-@functools.lru_cache(maxsize=4096)
-def _grid(n_rows: int, n_cols: int, max_elements: int) -> Tuple[slice, slice]:
-    """A fixed run of rows and one of columns with about ``max_elements`` cells in all."""
-    side = max(1, int(math.sqrt(max_elements)))
-    nr = min(n_rows, max(side, max_elements // max(1, n_cols)))
-    nc = min(n_cols, max(1, max_elements // nr))
-    return _span(n_rows, nr), _span(n_cols, nc)
-
-
-@functools.lru_cache(maxsize=4096)
-def _block(shape: Tuple[int, ...], max_elements: int) -> Tuple[int, Tuple[int, ...], slice]:
-    """Where a large point-wise output is compared: ``(d, fixed, run)``, every dim before ``d`` at one fixed
-    index (``fixed``), a run of dim ``d``, every later dim whole: about ``max_elements`` elements, a view."""
-    inner, d = 1, len(shape) - 1
-    while d > 0 and inner * shape[d] <= max_elements:
-        inner *= shape[d]
-        d -= 1
-    fixed = tuple(_span(shape[g], 1).start for g in range(d))
-    return d, fixed, _span(shape[d], max(1, max_elements // inner))
-
-
-def _block_of(x: torch.Tensor, shape: Tuple[int, ...], block: Tuple[int, Tuple[int, ...], slice]) -> torch.Tensor:
-    """The part of ``x`` (which broadcasts to ``shape``) that meets :func:`_block`'s block: a view."""
-    d, fixed, run = block
-    off = len(shape) - x.dim()
-    idx = []
-    for j, size in enumerate(x.shape):
-        g = j + off
-        idx.append((0 if size == 1 else fixed[g]) if g < d else (run if g == d and size != 1 else slice(None)))
-    return x[tuple(idx)]
-
-
-def _broadcasts_to(shape, target) -> bool:
-    """Whether a tensor of ``shape`` broadcasts to ``target`` without growing it (``torch.broadcast_shapes``
-    without its Python cost: the samplers ask once per operand of every large point-wise op)."""
-    if len(shape) > len(target):
-        return False
-    return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
-
-
 #: outputs this many times over ``max_elements`` with no sampled variant are not shadowed.
 HUGE_FACTOR = 64
 
@@ -175,64 +132,6 @@ def is_pointwise(fn: Any) -> bool:
     if torch.Tag.pointwise in getattr(fn, "tags", ()):
         return True
     return getattr(getattr(fn, "overloadpacket", None), "__name__", None) in UNTAGGED_POINTWISE
-
-
-class UnshadowedError(RuntimeError):
-    """The op's output is too large to shadow in full and no sampled variant exists."""
-
-
-_DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                     "_scaled_dot_product_cudnn_attention"}
-#: their backward kernels: a float64 call of one is no reference (the efficient kernel's, run in float64 on the H200,
-#: gave NaN and inf gradients); their shadow is the math attention's gradients (:func:`math_attention_grads`)
-_DEVICE_ATTENTION_BACKWARD = {n + "_backward" for n in _DEVICE_ATTENTION}
-
-
-def _math_attention_args(name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
-    """``(query, key, value)`` and the math attention's keywords for a device attention kernel's arguments. Raises
-    :class:`UnshadowedError` for a dropout (its random mask has no float64 counterpart)."""
-    if named.get("dropout_p"):
-        raise UnshadowedError(f"{name} with dropout_p={named['dropout_p']} draws a random mask: no float64 counterpart")
-    bias = named.get("attn_bias")
-    return ((named["query"], named["key"], named["value"]),
-            {"attn_mask": bias if isinstance(bias, torch.Tensor) else None,
-             "is_causal": bool(named.get("is_causal", False)), "scale": named.get("scale")})
-
-
-def _attention_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
-    """``(fn, args, kwargs)`` of the float64 math-path attention standing for a device-only SDPA kernel
-    (output 0): ``fn`` is ``F.scaled_dot_product_attention``."""
-    import torch.nn.functional as F
-
-    qkv, kw = _math_attention_args(name, named_arguments(func, args, kwargs))
-    return F.scaled_dot_product_attention, qkv, kw
-
-
-def math_attention_grads(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None):
-    """``(d query, d key, d value)`` of ``F.scaled_dot_product_attention(query, key, value, attn_mask, is_causal,
-    scale)`` for the incoming ``grad_out``, written out (``P = softmax(scale * Q K^T + mask)``, ``dV = P^T dO``,
-    ``dS = P * (dO V^T - rowsum(dO V^T * P))``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``): what a device
-    attention kernel's backward computes. No autograd (the shadows may run inside a dispatch, below it)."""
-    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
-    s = (query @ key.transpose(-2, -1)) * scale
-    if is_causal:  # F.scaled_dot_product_attention's causal mask: the lower triangle from the top left
-        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-    p = torch.softmax(s, -1)
-    dp = grad_out @ value.transpose(-2, -1)
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-    return (ds @ key) * scale, (ds.transpose(-2, -1) @ query) * scale, p.transpose(-2, -1) @ grad_out
-
-
-def _attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
-    """``(fn, args, kwargs)`` standing for a device attention kernel's backward (outputs 0-2: the gradients of
-    query, key and value): :func:`math_attention_grads`."""
-    named = named_arguments(func, args, kwargs)
-    grad = named["grad_out"] if "grad_out" in named else named["grad_out_"]
-    qkv, kw = _math_attention_args(name, named)
-    return math_attention_grads, (grad, *qkv), kw
 
 
 def math_lstm_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse=False):
@@ -429,8 +328,9 @@ class Shadow:
         self.vmap_calls = 0
         #: jobs computed one by one whose reference came from a sibling's float64 call (:attr:`ShadowJob.shared`)
         self.shared_jobs = 0
-        #: the last op call planned in full, ``(func, args, kwargs, its job)``, so its other outputs' jobs share
-        #: that job's template and inputs (:meth:`plan`); dropped at each flush
+        #: the last op call planned for all its outputs, ``(func, args, kwargs, its job, the index its sample takes
+        #: of each output or None)``, so its other outputs' jobs share that job's template and inputs (:meth:`plan`);
+        #: dropped at each flush
         self._last_call: Optional[tuple] = None
 
     def run(self, func, args, kwargs, out: torch.Tensor, out_index: int
@@ -450,13 +350,14 @@ class Shadow:
         name = func.overloadpacket.__name__
         home = float64_home(out.device)
         self.homes.add(str(home))
-        if name in _DEVICE_ATTENTION:
-            if out_index != 0:
-                raise UnshadowedError(f"{name} output {out_index} has no float64 CPU counterpart")
-            fn, a, k = _attention_call(func, name, args, kwargs)
-            return self._job(fn, a, k, home, 0, out, "full", batch=False)
-        if name in _DEVICE_ATTENTION_BACKWARD:
-            return self._attention_backward(func, name, args, kwargs, out, out_index, home)
+        if name in ATTENTION_FORWARD:
+            job = self._attention(func, name, args, kwargs, out, out_index, home)
+            if job is not None:
+                return job
+        elif name in ATTENTION_BACKWARD:
+            job = self._attention_backward(func, name, args, kwargs, out, out_index, home)
+            if job is not None:
+                return job
         if name == "mkldnn_rnn_layer":
             return self._math_form(func, name, args, kwargs, out, out_index, home, _lstm_layer_call)
         if name == "mkldnn_rnn_layer_backward":  # oneDNN has no float64: a float64 call of it only raises
@@ -474,16 +375,44 @@ class Shadow:
         if sibling is not None:
             return sibling
         job = self._job(func, args, kwargs, home, out_index, out, "full")
-        self._last_call = (func, args, kwargs, job)
+        self._last_call = (func, args, kwargs, job, None)
         return job
 
-    def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> ShadowJob:
-        """The job of gradient ``out_index`` (0-2: query, key, value) of a device attention kernel's backward: the
-        math attention's gradients (:func:`math_attention_grads`). Raises :class:`UnshadowedError` for the bias
-        gradient (see :meth:`_math_form` for the rest)."""
+    def _attention(self, func, name, args, kwargs, out, out_index, home) -> Optional[ShadowJob]:
+        """The job of an attention kernel's output (:mod:`attention`): a large one's sampled query rows, a device
+        kernel's whole output (the float64 math attention); None for a small CPU kernel (a float64 call of it, the
+        generic path). Raises :class:`UnshadowedError` for another output than 0 and what the samplers raise."""
+        sampled = self.sample and out.numel() > self.max_elements
+        if not sampled and name not in _DEVICE_ATTENTION:
+            return None
+        if out_index != 0:
+            raise UnshadowedError(f"{name} output {out_index} has no float64 counterpart")
+        if sampled:
+            fn, a, k, target, how = sampled_attention(func, name, args, kwargs, out, self.max_elements)
+        else:
+            (fn, a, k), target, how = attention_call(func, name, args, kwargs), out, "full"
+        return self._job(fn, a, k, home, 0, target, how, batch=False)
+
+    def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> Optional[ShadowJob]:
+        """The job of gradient ``out_index`` (0-2: query, key, value) of an attention kernel's backward: the math
+        attention's gradients (:func:`attention.math_attention_grads`), of a slab of heads when query, key or value is
+        over ``max_elements`` (one float64 call for the three); None for a small CPU kernel (a float64 call of it).
+        Raises :class:`UnshadowedError` for the bias gradient and what the samplers raise."""
         if out_index > 2:
             raise UnshadowedError(f"{name} output {out_index} (the bias gradient) is not shadowed")
-        return self._math_form(func, name, args, kwargs, out, out_index, home, _attention_backward_call)
+        # grad_out, query, key, value lead every backward's arguments: one decision for the three gradients
+        sampled = self.sample and any(isinstance(a, torch.Tensor) and a.numel() > self.max_elements for a in args[:4])
+        if not sampled:
+            if name not in _DEVICE_ATTENTION_BACKWARD:
+                return None
+            return self._math_form(func, name, args, kwargs, out, out_index, home, attention_backward_call)
+        sibling = self._sibling(func, args, kwargs, home, out_index, out)
+        if sibling is not None:
+            return sibling
+        fn, a, k, heads, how = sampled_attention_backward(func, name, args, kwargs, self.max_elements)
+        job = self._job(fn, a, k, home, out_index, out[heads], how, batch=False)
+        self._last_call = (func, args, kwargs, job, heads)
+        return job
 
     def _math_form(self, func, name, args, kwargs, out, out_index, home, call) -> ShadowJob:
         """The job of output ``out_index`` of a kernel whose float64 reference is a written-out math form
@@ -499,20 +428,20 @@ class Shadow:
             return sibling
         fn, a, k = call(func, name, args, kwargs)
         job = self._job(fn, a, k, home, out_index, out, "full", batch=False)
-        self._last_call = (func, args, kwargs, job)
+        self._last_call = (func, args, kwargs, job, None)
         return job
 
     def _sibling(self, func, args, kwargs, home, out_index, out) -> Optional[ShadowJob]:
         """The job of another output of the op call planned just before (native_layer_norm's mean and rstd, a
         backward's three gradients), sharing its float64 call, template and inputs (run one by one, the siblings
-        make one call); None when the last call planned is another."""
+        make one call), and its sample (the same index of ``out``); None when the last call planned is another."""
         last = self._last_call
         if last is None or last[0] is not func or last[1] is not args or last[2] is not kwargs or last[3].home != home:
             return None
-        first = last[3]
+        first, pick = last[3], last[4]
         key = None if first.key is None else (first.fn, out_index, home) + first.key[3:]
-        return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index, out, "full", key,
-                         shared=True)
+        return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index,
+                         out if pick is None else out[pick], first.how, key, shared=True)
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
         inputs: List[torch.Tensor] = []
@@ -626,14 +555,14 @@ class Shadow:
         n_rows = out.numel() // max(1, last)
         if n_rows * last <= self.max_elements or n_rows <= 1:
             return None
-        return _span(n_rows, self.max_elements // max(1, last)), n_rows, last
+        return span(n_rows, self.max_elements // max(1, last)), n_rows, last
 
     def _sampled(self, func, name, args, kwargs, out, home) -> Optional[ShadowJob]:
         aten = torch.ops.aten
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
-            rs, cs = _grid(out.shape[0], out.shape[1], self.max_elements)
+            rs, cs = grid(out.shape[0], out.shape[1], self.max_elements)
             how = f"grid {rs.stop - rs.start}x{cs.stop - cs.start}/{out.shape[0]}x{out.shape[1]}"
             if name == "addmm":
                 bias = args[0]
@@ -647,7 +576,7 @@ class Shadow:
             return self._job(aten.mm.default, (a[rs], b[:, cs]), {}, home, 0, out[rs, cs], how)
         if name == "bmm" and out.dim() == 3:
             a, b = args[0], args[1]
-            rs, cs = _grid(out.shape[1], out.shape[2], max(1, self.max_elements // out.shape[0]))
+            rs, cs = grid(out.shape[1], out.shape[2], max(1, self.max_elements // out.shape[0]))
             how = f"grid {rs.stop - rs.start}x{cs.stop - cs.start}/{out.shape[1]}x{out.shape[2]}"
             return self._job(aten.bmm.default, (a[:, rs], b[:, :, cs]), {}, home, 0, out[:, rs, cs], how)
         if name in ("_softmax_backward_data", "_log_softmax_backward_data") and args[2] in (-1, out.dim() - 1):
@@ -667,17 +596,63 @@ class Shadow:
                              out.reshape(n_rows, last)[rs], f"rows {rs.stop - rs.start}/{n_rows}")
         if name in ("native_layer_norm", "native_layer_norm_backward") and not kwargs:
             return self._layer_norm_rows(func, name, args, out, home)
+        if name in ("select_backward", "slice_backward") and not kwargs:
+            return self._where_the_gradient_lands(name, args, out, home)
+        if name == "embedding" and not kwargs:
+            return self._embedding_rows(args, out, home)
+        if name == "nll_loss_backward" and not kwargs and args[1].dim() == 2:
+            sel = self._sampled_rows(out)
+            if sel is None:
+                return None
+            rs, n_rows, _ = sel
+            grad = args[0][rs] if args[0].dim() else args[0]  # per-row gradients with reduction="none"
+            return self._job(func, (grad, args[1][rs], args[2][rs], *args[3:]), {}, home, 0, out[rs],
+                             f"rows {rs.stop - rs.start}/{n_rows}")
         # point-wise, or a cast (autocast makes dozens a step, some of 500K elements; its dtype is a keyword): each
         # element from its own
         if (is_pointwise(func) and not kwargs) or (name == "_to_copy" and len(args) == 1 and out.is_floating_point()):
             shape = tuple(out.shape)
-            if not all(_broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
+            if not all(broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
-            block = _block(shape, self.max_elements)
-            picked = [_block_of(a, shape, block) if isinstance(a, torch.Tensor) and a.dim() else a for a in args]
-            tv = _block_of(out, shape, block)
+            where = block(shape, self.max_elements)
+            picked = [block_of(a, shape, where) if isinstance(a, torch.Tensor) and a.dim() else a for a in args]
+            tv = block_of(out, shape, where)
             return self._job(func, tuple(picked), kwargs, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
         return None
+
+    def _where_the_gradient_lands(self, name, args, out, home) -> Optional[ShadowJob]:
+        """``select_backward`` / ``slice_backward`` (zeros of the input's shape, the incoming gradient written where the
+        forward's view read) on a block of the positions the gradient lands on: there the exact result is the
+        gradient itself (a float64 cast of its block). The zeros around are not compared."""
+        grad, dim = args[0], int(args[2]) % out.dim()
+        if name == "select_backward":
+            dest = out.select(dim, int(args[3]))
+        else:
+            dest = out[(slice(None),) * dim + (slice(int(args[3]), int(args[4]), int(args[5])),)]
+        shape = tuple(grad.shape)
+        if tuple(dest.shape) != shape:
+            return None
+        where = block(shape, self.max_elements)
+        tv = block_of(dest, shape, where)
+        return self._job(torch.ops.aten._to_copy.default, (block_of(grad, shape, where),), {"dtype": _F64}, home, 0,
+                         tv, f"block {tv.numel()}/{out.numel()} where the gradient lands")
+
+    def _embedding_rows(self, args, out, home) -> Optional[ShadowJob]:
+        """``embedding`` on a block of its output (:func:`blocks.block`): the table rows of the block's indices,
+        gathered here with ``index_select`` (an exact copy: the whole table is never made float64), are its exact
+        result."""
+        weight, indices = args[0], args[1]
+        if weight.dim() != 2 or tuple(out.shape) != tuple(indices.shape) + (weight.shape[1],):
+            return None
+        d, fixed, run = block(tuple(out.shape), self.max_elements)
+        n = indices.dim()
+        idx = tuple(fixed[g] if g < d else (run if g == d else slice(None)) for g in range(n))
+        cols = run if d == n else slice(None)
+        picked = indices[idx]
+        rows = weight.index_select(0, picked.reshape(-1)).view(*picked.shape, weight.shape[1])[..., cols]
+        tv = out[idx + (cols,)]
+        return self._job(torch.ops.aten._to_copy.default, (rows,), {"dtype": _F64}, home, 0, tv,
+                         f"block {tv.numel()}/{out.numel()} (table rows by index_select)")
 
     def _layer_norm_rows(self, func, name, args, out, home) -> Optional[ShadowJob]:
         """A run of rows of ``native_layer_norm``'s output, or of its backward's input gradient (output 0): a row
@@ -691,7 +666,7 @@ class Shadow:
         n_rows = out.numel() // max(1, d)
         if n_rows * d <= self.max_elements or n_rows <= 1:
             return None
-        rs = _span(n_rows, max(1, self.max_elements // d))
+        rs = span(n_rows, max(1, self.max_elements // d))
         k = rs.stop - rs.start
 
         def rows(t: torch.Tensor) -> torch.Tensor:
