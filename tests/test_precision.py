@@ -275,6 +275,55 @@ def test_gradient_routing_embedding_and_loss_gradient_samples_are_exact():
         assert not torch.equal(tv.double(), ref), func
 
 
+@pytest.mark.parametrize("transposed, groups, max_elements", [(False, 1, 200), (False, 2, 200), (False, 4, 30),
+                                                           (True, 1, 200), (True, 2, 30)])
+def test_sampled_convolutions_are_their_parts_computed_alone(transposed, groups, max_elements):
+    """A large convolution's output, input gradient and weight gradient (pytorch/examples' dcgan and imagenet left
+    them unshadowed) are shadowed on a part computed from the matching parts of the arguments alone: a run of images,
+    or one image and a run of one group's channels, and a run of one group's weight rows. In float64 the part must
+    equal the same place of the whole op's result, for grouped and transposed convolutions."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 8, 9, 9, generator=g, dtype=torch.float64)
+    w = torch.randn(*((8, 12 // groups) if transposed else (12, 8 // groups)), 3, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(12, generator=g, dtype=torch.float64)
+    conf = ([2, 2], [1, 1], [1, 1], transposed, [1, 1] if transposed else [0, 0], groups)
+    out = aten.convolution.default(x, w, b, *conf)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    bwd = (grad, x, w, [12], *conf, [True, True, True])
+    grads = aten.convolution_backward.default(*bwd)
+    cases = [(aten.convolution.default, (x, w, b, *conf), out, 0), (aten.convolution_backward.default, bwd, grads[0], 0),
+             (aten.convolution_backward.default, bwd, grads[1], 1)]
+    for func, args, whole, i in cases:
+        job = Shadow(max_elements=max_elements).plan(func, args, {}, whole, i)
+        assert job.how != "full" and job.target.numel() < whole.numel(), (func, i, job.how)
+        assert job.target.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()  # a view of the output
+        tv, ref, _ = Shadow(max_elements=max_elements).run(func, args, {}, whole, i)
+        assert torch.allclose(tv, ref, rtol=1e-10, atol=1e-10), (func, i, job.how, (tv - ref).abs().max())
+
+
+def test_convolution_samples_agree_with_the_whole_in_a_training_step():
+    """The CNN's step with sampled convolutions (every output, input gradient and weight gradient over
+    ``max_elements``) finds each op's error no larger than the whole op's, and leaves none unshadowed."""
+    def net():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(16, 16, 3, padding=1, groups=4), torch.nn.ReLU(),
+                                   torch.nn.ConvTranspose2d(16, 8, 2, stride=2), torch.nn.Flatten(),
+                                   torch.nn.Linear(8 * 32 * 32, 4))
+    x = torch.randn(4, 3, 16, 16)
+    samp = compare_module(net, x, max_elements=64)  # conv outputs 4096+, weight gradients 432-2304 elements
+    full = compare_module(net, x, sample=False)
+    f = {(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"]): r for r in full.rows(kind="op")}
+    conv = [r for r in samp.rows(kind="op") if r["op"].startswith("convolution") and r["out_index"] < 2]
+    assert len(conv) == 8 and samp.summary["shadow_failed"] == 0, [(r["op"], r["sampling"]) for r in conv]
+    for r in conv:
+        ref = f[(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"])]
+        if r["local"]["n"] == ref["local"]["n"]:  # the first conv's input gradient is not computed (no grad input)
+            continue
+        assert r["sampling"] != "full" and r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12, r
+    assert samp.verdict == full.verdict
+
+
 @pytest.mark.parametrize("queued", [False, True])  # True: the device's code path (no early exits), on the CPU
 def test_sentinel_values_compare_as_infinities(queued, monkeypatch):
     """torch.finfo(dtype).min/max are sentinels: a value of one of those magnitudes compares as that sign's infinity,

@@ -364,8 +364,8 @@ class Shadow:
             raise UnshadowedError(f"{name} has no float64 form here; compared against the reference run where it "
                                   "has a counterpart")
         big = self.sample and out.numel() > self.max_elements
-        if big and out_index == 0:
-            fast = self._sampled(func, name, args, kwargs, out, home)
+        if big and (out_index == 0 or name == "convolution_backward"):
+            fast = self._sampled(func, name, args, kwargs, out, home, out_index)
             if fast is not None:
                 return fast
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
@@ -557,8 +557,10 @@ class Shadow:
             return None
         return span(n_rows, self.max_elements // max(1, last)), n_rows, last
 
-    def _sampled(self, func, name, args, kwargs, out, home) -> Optional[ShadowJob]:
+    def _sampled(self, func, name, args, kwargs, out, home, out_index: int = 0) -> Optional[ShadowJob]:
         aten = torch.ops.aten
+        if name in ("convolution", "convolution_backward") and not kwargs:
+            return self._convolution_part(func, name, args, out, home, out_index)
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
@@ -619,6 +621,62 @@ class Shadow:
             tv = block_of(out, shape, where)
             return self._job(func, tuple(picked), kwargs, home, 0, tv, f"block {tv.numel()}/{out.numel()}")
         return None
+
+    def _convolution_part(self, func, name, args, out, home, out_index: int) -> Optional[ShadowJob]:
+        """A convolution, or one gradient of its backward, on a part computed from the matching parts of its
+        arguments alone (the op called on them, with ``groups`` 1 inside one group):
+
+        * the output and the input gradient (output 0): a run of images (batch entries); when one image is more than
+          ``max_elements``, one image and a run of channels of one group (output channels: the weight's rows; input
+          channels: the weight's columns of that group's rows). A transposed convolution: images only.
+        * the weight gradient (output 1): a run of the weight's rows of one group (output channels; a transposed
+          convolution's input channels), from every image: those channels of the output gradient (or input), the
+          group's channels of the other.
+
+        None for anything else (the bias gradient is a sum of the whole output gradient: compared whole)."""
+        if name == "convolution":
+            inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args[:9]
+            grad = None
+        else:
+            grad, inp, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups = args[:10]
+        groups, n_img = int(groups), out.shape[0]
+        rows, per_group = weight.shape[0], weight.shape[0] // groups  # the weight's dim 0 and its part in one group
+        g = span(groups, 1).start
+        mine = slice(g * per_group, (g + 1) * per_group)  # the group's rows of the weight
+        # the other side's channels of that group: input channels (normal), output channels (transposed)
+        other = slice(g * weight.shape[1], (g + 1) * weight.shape[1])
+        if out_index == 1:  # the weight gradient: a run of the group's rows, every image
+            run = span(per_group, max(1, self.max_elements // max(1, out[0].numel())))
+            cs = slice(mine.start + run.start, mine.start + run.stop)
+            go, x = (grad[:, cs], inp[:, other]) if not transposed else (grad[:, other], inp[:, cs])
+            call = (go, x, weight[cs], None, stride, padding, dilation, transposed, output_padding, 1,
+                    [False, True, False])
+            return self._job(func, call, {}, home, 1, out[cs], f"channels {run.stop - run.start}/{rows}")
+        if out_index != 0:
+            return None
+        per_image = out[0].numel()
+        if per_image <= self.max_elements or transposed:
+            ims = span(n_img, max(1, self.max_elements // per_image))
+            how = f"images {ims.stop - ims.start}/{n_img}"
+            if grad is None:
+                return self._job(func, (inp[ims], *args[1:]), {}, home, 0, out[ims], how)
+            return self._job(func, (grad[ims], inp[ims], *args[2:10], [True, False, False]), {}, home, 0, out[ims], how)
+        im = span(n_img, 1)
+        per_channel = per_image // max(1, out.shape[1])
+        if grad is None:  # output channels of one group: rows of the weight
+            run = span(per_group, max(1, self.max_elements // max(1, per_channel)))
+            cs = slice(mine.start + run.start, mine.start + run.stop)
+            call = (inp[im, other], weight[cs], None if bias is None else bias[cs], stride, padding, dilation, False,
+                    output_padding, 1)
+            return self._job(func, call, {}, home, 0, out[im, cs], f"image 1/{n_img}, channels {run.stop - run.start}"
+                             f"/{out.shape[1]}")
+        # input channels of one group: columns of the group's rows of the weight
+        run = span(weight.shape[1], max(1, self.max_elements // max(1, per_channel)))
+        cs = slice(other.start + run.start, other.start + run.stop)
+        call = (grad[im, mine], inp[im, cs], weight[mine, run], None, stride, padding, dilation, False, output_padding,
+                1, [True, False, False])
+        return self._job(func, call, {}, home, 0, out[im, cs], f"image 1/{n_img}, channels {run.stop - run.start}"
+                         f"/{out.shape[1]}")
 
     def _where_the_gradient_lands(self, name, args, out, home) -> Optional[ShadowJob]:
         """``select_backward`` / ``slice_backward`` (zeros of the input's shape, the incoming gradient written where the
