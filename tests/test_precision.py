@@ -302,6 +302,40 @@ def test_sampled_convolutions_are_their_parts_computed_alone(transposed, groups,
         assert torch.allclose(tv, ref, rtol=1e-10, atol=1e-10), (func, i, job.how, (tv - ref).abs().max())
 
 
+def test_sampled_batch_norms_and_pooling_are_their_channels_and_planes_computed_alone():
+    """Batch norm (training and not, and its backward's input gradient) on a run of channels, pooling (max with its
+    indices, average, adaptive; 2-D and 3-D, and their backwards) on a block of whole planes: in float64 each part
+    equals the same place of the whole op's result, and a training batch norm's shadow leaves the program's running
+    statistics as they were."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 6, 10, 10, generator=g, dtype=torch.float64)
+    w, b = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+    rm, rv = torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)
+    out, mean, invstd = aten.native_batch_norm.default(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5)
+    gy = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    pooled, where = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+    gp = torch.randn(pooled.shape, generator=g, dtype=torch.float64)
+    x3 = torch.randn(2, 3, 6, 6, 6, generator=g, dtype=torch.float64)
+    cases = [(aten.native_batch_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5)),
+             (aten._native_batch_norm_legit_no_training.default, (x, w, b, mean, invstd, 0.1, 1e-5)),
+             (aten.native_batch_norm_backward.default, (gy, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True])),
+             (aten.max_pool2d_with_indices.default, (x, [3, 3], [2, 2], [1, 1])),
+             (aten.max_pool2d_with_indices_backward.default, (gp, x, [3, 3], [2, 2], [1, 1], [1, 1], False, where)),
+             (aten.avg_pool2d.default, (x, [2, 2], [2, 2])),
+             (aten.avg_pool2d_backward.default, (gp, x, [3, 3], [2, 2], [1, 1], False, True, None)),
+             (aten._adaptive_avg_pool2d.default, (x, [3, 3])),
+             (aten.avg_pool3d.default, (x3, [2, 2, 2], [2, 2, 2]))]
+    for func, args in cases:
+        res = func(*args)
+        whole = res[0] if isinstance(res, tuple) else res
+        before = rm.clone(), rv.clone()
+        tv, ref, how = Shadow(max_elements=60).run(func, args, {}, whole, 0)
+        assert how.split()[0] in ("channels", "planes") and tv.numel() < whole.numel(), (func, how)
+        assert torch.allclose(tv, ref, rtol=1e-10, atol=1e-10), (func, how, (tv - ref).abs().max())
+        assert torch.equal(rm, before[0]) and torch.equal(rv, before[1]), func
+
+
 def test_convolution_samples_agree_with_the_whole_in_a_training_step():
     """The CNN's step with sampled convolutions (every output, input gradient and weight gradient over
     ``max_elements``) finds each op's error no larger than the whole op's, and leaves none unshadowed."""

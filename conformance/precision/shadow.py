@@ -241,6 +241,17 @@ def _quiet_vmap_fallback():
             toggle(True)
 
 
+#: ops that compute each plane of their output (the last 2 or 3 dims, one per leading index: image and channel) from
+#: the same plane of each tensor argument alone, every tensor argument of the output's rank: pooling and its backward
+PLANEWISE = {"max_pool2d_with_indices": 2, "max_pool2d_with_indices_backward": 2, "avg_pool2d": 2,
+             "avg_pool2d_backward": 2, "_adaptive_avg_pool2d": 2, "_adaptive_avg_pool2d_backward": 2,
+             "max_pool3d_with_indices": 3, "max_pool3d_with_indices_backward": 3, "avg_pool3d": 3,
+             "avg_pool3d_backward": 3, "_adaptive_avg_pool3d": 3, "_adaptive_avg_pool3d_backward": 3}
+#: batch norms (their output, or their backward's input gradient): each channel (dim 1) from that channel of the
+#: input (and output gradient) and of the per-channel vectors alone, training or not
+_BATCH_NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+                "native_batch_norm_backward"}
+
 #: groups of an op without a direct batched form (:func:`_direct_form`) smaller than this run one by one: a
 #: vmap call costs about a millisecond of host time (H200 host, torch 2.11), ten single float64 calls' worth
 VMAP_MIN_GROUP = 8
@@ -561,6 +572,10 @@ class Shadow:
         aten = torch.ops.aten
         if name in ("convolution", "convolution_backward") and not kwargs:
             return self._convolution_part(func, name, args, out, home, out_index)
+        if name in PLANEWISE and not kwargs:
+            return self._planes(func, name, args, out, home)
+        if name in _BATCH_NORMS and not kwargs:
+            return self._batch_norm_channels(func, name, args, out, home)
         if name in ("mm", "addmm") and out.dim() == 2 and not kwargs.get("out_dtype", None):
             a = args[0] if name == "mm" else args[1]
             b = args[1] if name == "mm" else args[2]
@@ -677,6 +692,45 @@ class Shadow:
                 1, [True, False, False])
         return self._job(func, call, {}, home, 0, out[im, cs], f"image 1/{n_img}, channels {run.stop - run.start}"
                          f"/{out.shape[1]}")
+
+    def _planes(self, func, name, args, out, home) -> Optional[ShadowJob]:
+        """A plane-wise op (:data:`PLANEWISE`: pooling) on a block of whole planes (one index of the leading dims but a
+        run of one of them), the same planes of every tensor argument."""
+        n = out.dim() - PLANEWISE[name]
+        lead = tuple(out.shape[:n])
+        if n < 1 or any(isinstance(a, torch.Tensor) and (a.dim() != out.dim() or tuple(a.shape[:n]) != lead)
+                        for a in args):
+            return None
+        unit = out[(0,) * n].numel()
+        d, fixed, run = block(lead + (unit,), max(self.max_elements, unit))
+        idx = tuple(slice(fixed[g], fixed[g] + 1) if g < d else (run if g == d else slice(None)) for g in range(n))
+        tv = out[idx]
+        call = tuple(a[idx] if isinstance(a, torch.Tensor) else a for a in args)
+        return self._job(func, call, {}, home, 0, tv, f"planes {tv.numel() // max(1, unit)}/{math.prod(lead)}")
+
+    def _batch_norm_channels(self, func, name, args, out, home) -> Optional[ShadowJob]:
+        """A batch norm's output, or its backward's input gradient, on a run of channels: every image and position of
+        those channels, and those entries of the per-channel vectors (weight, bias, running and saved statistics;
+        a running statistic the op updates is written in the shadow's float64 copy, never the program's)."""
+        if out.dim() < 2:
+            return None
+        c = out.shape[1]
+        run = span(c, max(1, self.max_elements // max(1, out.numel() // c)))
+        n_tensors = 2 if name == "native_batch_norm_backward" else 1  # grad_out and input; input
+
+        def part(k, a):
+            if not isinstance(a, torch.Tensor):
+                return a
+            if k < n_tensors:
+                return a[:, run]
+            a = a[run] if a.dim() == 1 and a.shape[0] == c else a
+            # the running statistics a training forward updates: a copy (a float64 one would be the program's own)
+            return a.clone() if k in (3, 4) and n_tensors == 1 else a
+
+        call = tuple(part(k, a) for k, a in enumerate(args))
+        if name == "native_batch_norm_backward":
+            call = call[:-1] + ([True, False, False],)
+        return self._job(func, call, {}, home, 0, out[:, run], f"channels {run.stop - run.start}/{c}")
 
     def _where_the_gradient_lands(self, name, args, out, home) -> Optional[ShadowJob]:
         """``select_backward`` / ``slice_backward`` (zeros of the input's shape, the incoming gradient written where the
