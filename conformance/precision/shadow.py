@@ -38,10 +38,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .argtree import map_leaves, named_arguments
+from .argtree import map_leaves
 from .attention import (ATTENTION_BACKWARD, ATTENTION_FORWARD, _DEVICE_ATTENTION, _DEVICE_ATTENTION_BACKWARD,
                         attention_backward_call, attention_call, sampled_attention, sampled_attention_backward)
 from .blocks import UnshadowedError, block, block_of, broadcasts_to, grid, span
+from .recurrent import lstm_layer_backward_call, lstm_layer_call
 from .metrics import DEFAULT_MAX_ELEMENTS, to_home
 
 _F64 = torch.float64
@@ -132,35 +133,6 @@ def is_pointwise(fn: Any) -> bool:
     if torch.Tag.pointwise in getattr(fn, "tags", ()):
         return True
     return getattr(getattr(fn, "overloadpacket", None), "__name__", None) in UNTAGGED_POINTWISE
-
-
-def math_lstm_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse=False):
-    """``(output, h, c)`` of one LSTM layer in one direction, written out step by step (gates in torch's order
-    i, f, g, o; ``input`` time-major ``[T, B, I]``, ``hx``/``cx`` ``[B, H]``; ``reverse``: from the last step to
-    the first, each output at its own time index; ``b_ih``/``b_hh`` None without biases): what oneDNN's
-    ``mkldnn_rnn_layer`` computes on the CPU, in the arguments' dtype."""
-    x = input @ w_ih.transpose(0, 1)
-    if b_ih is not None:
-        x = x + b_ih + b_hh
-    h, c = hx, cx
-    outs = [None] * input.size(0)
-    for t in (range(input.size(0) - 1, -1, -1) if reverse else range(input.size(0))):
-        i, f, g, o = (x[t] + h @ w_hh.transpose(0, 1)).chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        outs[t] = h
-    return torch.stack(outs), h, c
-
-
-def _lstm_layer_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
-    """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer`` (outputs 0-2: output, h, c): :func:`math_lstm_layer`.
-    Raises :class:`UnshadowedError` for what it does not cover (another cell than the LSTM, packed sequences)."""
-    n = named_arguments(func, args, kwargs)
-    if n.get("mode") != 2 or n.get("batch_sizes"):
-        raise UnshadowedError(f"{name} with mode {n.get('mode')} or packed sequences has no float64 form here")
-    biased = bool(n.get("has_biases", True))
-    return (math_lstm_layer, (n["input"], n["weight0"], n["weight1"], n["weight2"] if biased else None,
-                              n["weight3"] if biased else None, n["hx_"], n["cx_"]), {"reverse": bool(n["reverse"])})
 
 
 class _Slot:
@@ -369,11 +341,10 @@ class Shadow:
             job = self._attention_backward(func, name, args, kwargs, out, out_index, home)
             if job is not None:
                 return job
-        if name == "mkldnn_rnn_layer":
-            return self._math_form(func, name, args, kwargs, out, out_index, home, _lstm_layer_call)
-        if name == "mkldnn_rnn_layer_backward":  # oneDNN has no float64: a float64 call of it only raises
-            raise UnshadowedError(f"{name} has no float64 form here; compared against the reference run where it "
-                                  "has a counterpart")
+        if name == "mkldnn_rnn_layer":  # oneDNN has no float64: a float64 call of it only raises
+            return self._math_form(func, name, args, kwargs, out, out_index, home, lstm_layer_call)
+        if name == "mkldnn_rnn_layer_backward":
+            return self._math_form(func, name, args, kwargs, out, out_index, home, lstm_layer_backward_call)
         big = self.sample and out.numel() > self.max_elements
         if big and (out_index == 0 or name == "convolution_backward"):
             fast = self._sampled(func, name, args, kwargs, out, home, out_index)
