@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from hal.conformance.precision import PrecisionResult, compare_module
+from hal.conformance.precision import PrecisionResult, compare_module, shadow
 from hal.conformance.precision import thresholds as th
 from hal.conformance.precision.blocks import block, block_of
 from hal.conformance.precision.calibration import calibrate, op_verdict
@@ -334,6 +334,39 @@ def test_sampled_batch_norms_and_pooling_are_their_channels_and_planes_computed_
         assert how.split()[0] in ("channels", "planes") and tv.numel() < whole.numel(), (func, how)
         assert torch.allclose(tv, ref, rtol=1e-10, atol=1e-10), (func, how, (tv - ref).abs().max())
         assert torch.equal(rm, before[0]) and torch.equal(rv, before[1]), func
+
+
+def test_row_wise_ops_and_pointwise_ops_with_keywords_are_sampled_on_their_rows():
+    """Ops whose output rows are each computed from the same rows of their arguments (cumulative sums and sums over
+    other dims, flips, gathers, scatter-adds, padding, concatenation and stacking along other dims, upsampling and its
+    backward, group norm and its backward) are shadowed on a run of rows (a size argument set to the run's), and a
+    point-wise op with constant keywords (``gelu(approximate="tanh")``, HF GPT-2's activation) on a block: in float64
+    each part equals the whole op's result there. Over dim 0 (a cumulative sum along the rows) there is no sample."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(16, 3, 40, generator=g, dtype=torch.float64)
+    img = torch.randn(16, 4, 8, 8, generator=g, dtype=torch.float64)
+    idx = torch.randint(0, 40, (16, 3, 40), generator=g)
+    gn_out, mean, rstd = aten.native_group_norm.default(x, None, None, 16, 3, 40, 3, 1e-5)
+    up = aten.upsample_bilinear2d.default(img, [16, 16], False)
+    cases = [(aten.cumsum.default, (x, 2), {}), (aten.cumsum.default, (x, -1), {"dtype": torch.float64}),
+             (aten.sum.dim_IntList, (x, [1]), {}), (aten.flip.default, (x, [1, 2]), {}),
+             (aten.gather.default, (x, 2, idx), {}), (aten.scatter_add.default, (x, 2, idx, x * 2), {}),
+             (aten.constant_pad_nd.default, (x, [1, 2, 0, 1], 0.5), {}), (aten.cat.default, ([x, x * 2], 1), {}),
+             (aten.stack.default, ([x, x], 2), {}), (aten.upsample_bilinear2d.default, (img, [16, 16], False), {}),
+             (aten.upsample_nearest2d.default, (img, [12, 12]), {}),
+             (aten.upsample_bilinear2d_backward.default, (up, [16, 16], [16, 4, 8, 8], False), {}),
+             (aten.native_group_norm.default, (x, None, None, 16, 3, 40, 3, 1e-5), {}),
+             (aten.native_group_norm_backward.default, (x, x, mean, rstd, None, 16, 3, 40, 3, [True, False, False]), {}),
+             (aten.gelu.default, (x,), {"approximate": "tanh"}), (aten.gelu_backward.default, (x, x), {"approximate": "tanh"})]
+    for func, args, kwargs in cases:
+        res = func(*args, **kwargs)
+        whole = res[0] if isinstance(res, tuple) else res
+        tv, ref, how = Shadow(max_elements=100).run(func, args, kwargs, whole, 0)
+        assert how.split()[0] in ("rows", "block") and tv.numel() < whole.numel(), (func, how)
+        assert torch.allclose(tv, ref, rtol=1e-10, atol=1e-10), (func, how, (tv - ref).abs().max())
+    with pytest.raises(shadow.UnshadowedError):  # along the rows: nothing to cut, and too large for a whole shadow
+        Shadow(max_elements=10).plan(aten.cumsum.default, (x, 0), {}, aten.cumsum.default(x, 0), 0)
 
 
 def test_convolution_samples_agree_with_the_whole_in_a_training_step():

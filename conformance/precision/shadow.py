@@ -19,7 +19,9 @@ unless ``HAL_PRECISION_SHADOW_DEVICE=cpu`` keeps it on the CPU. Costs are kept d
   run of the next, the rest whole), last-dim softmax (and its backward), layer norm (and its input gradient) and
   ``nll_loss_backward`` on a run of rows, ``select_backward``/``slice_backward`` on a block of where the gradient
   lands, ``embedding`` on a block (its table rows gathered, never the whole table made float64), attention on
-  query rows and its backward on whole heads (:mod:`attention`). Everything else is shadowed in full, except
+  query rows and its backward on whole heads (:mod:`attention`), convolutions on images and channels, batch norms
+  on channels, pooling on planes, row-wise ops (:data:`BATCHWISE`: cumulative sums, gathers, padding, upsampling,
+  group norm ...) on a run of rows. Everything else is shadowed in full, except
   outputs over ``HUGE_FACTOR x max_elements`` with no sampled variant, which are left to the reference-run
   comparison (recorded as unshadowed with the reason).
 
@@ -224,6 +226,29 @@ PLANEWISE = {"max_pool2d_with_indices": 2, "max_pool2d_with_indices_backward": 2
 _BATCH_NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                 "native_batch_norm_backward"}
 
+#: ops whose output's rows (dim 0: the batch) are each computed from the same rows of some arguments alone, given their
+#: other arguments: name -> (positions of those arguments (a list argument: each of its tensors), where the row count is
+#: given (an int argument's position, or ``(position, index)`` in a size list; None: nowhere), and when the op is
+#: row-wise, from its arguments and the output's rank)
+BATCHWISE = {
+    "cumsum": ((0,), None, lambda a, nd: a[1] % nd != 0),
+    "sum": ((0,), None, lambda a, nd: len(a) > 1 and bool(a[1]) and 0 not in [d % a[0].dim() for d in a[1]]),
+    "flip": ((0,), None, lambda a, nd: 0 not in [d % nd for d in a[1]]),
+    "gather": ((0, 2), None, lambda a, nd: a[1] % nd != 0),
+    "scatter_add": ((0, 2, 3), None, lambda a, nd: a[1] % nd != 0),
+    "constant_pad_nd": ((0,), None, lambda a, nd: len(a[1]) <= 2 * (nd - 1)),
+    "cat": ((0,), None, lambda a, nd: (a[1] if len(a) > 1 else 0) % nd != 0),
+    "stack": ((0,), None, lambda a, nd: (a[1] if len(a) > 1 else 0) % nd != 0),
+    "upsample_nearest1d": ((0,), None, lambda a, nd: True), "upsample_nearest2d": ((0,), None, lambda a, nd: True),
+    "upsample_nearest3d": ((0,), None, lambda a, nd: True), "upsample_linear1d": ((0,), None, lambda a, nd: True),
+    "upsample_bilinear2d": ((0,), None, lambda a, nd: True), "upsample_bicubic2d": ((0,), None, lambda a, nd: True),
+    "upsample_trilinear3d": ((0,), None, lambda a, nd: True),
+    "native_group_norm": ((0,), 3, lambda a, nd: True),
+    "native_group_norm_backward": ((0, 1, 2, 3), 5, lambda a, nd: True),
+    **{f"upsample_{m}_backward": ((0,), (2, 0), lambda a, nd: True)
+       for m in ("nearest1d", "nearest2d", "nearest3d", "linear1d", "bilinear2d", "bicubic2d", "trilinear3d")},
+}
+
 #: groups of an op without a direct batched form (:func:`_direct_form`) smaller than this run one by one: a
 #: vmap call costs about a millisecond of host time (H200 host, torch 2.11), ten single float64 calls' worth
 VMAP_MIN_GROUP = 8
@@ -268,12 +293,12 @@ def _direct_form(job: ShadowJob):
     pos = _ROW_DIM.get(name)
     if pos is not None and len(a) > pos and isinstance(a[pos], int) and a[pos] < 0 and not kw:
         return lambda xs: fn(*_fill(a, xs))
-    if is_pointwise(fn) and not kw:
+    if is_pointwise(fn) and not any(isinstance(v, _Slot) for v in kw.values()):  # constant keywords (gelu's)
         rank = job.target.dim()
         if any(x.dim() > rank for x in job.inputs):
             return None
         return lambda xs: fn(*_fill(a, [x.view(x.shape[0], *([1] * (rank + 1 - x.dim())), *x.shape[1:])
-                                        for x in xs]))
+                                        for x in xs]), **kw)
     return None
 
 
@@ -598,7 +623,10 @@ class Shadow:
                              f"rows {rs.stop - rs.start}/{n_rows}")
         # point-wise, or a cast (autocast makes dozens a step, some of 500K elements; its dtype is a keyword): each
         # element from its own
-        if (is_pointwise(func) and not kwargs) or (name == "_to_copy" and len(args) == 1 and out.is_floating_point()):
+        if name in BATCHWISE:
+            return self._batch_rows(func, name, args, kwargs, out, home)
+        constants = not any(isinstance(v, torch.Tensor) for v in kwargs.values())  # gelu's approximate, add's alpha
+        if (is_pointwise(func) and constants) or (name == "_to_copy" and len(args) == 1 and out.is_floating_point()):
             shape = tuple(out.shape)
             if not all(broadcasts_to(a.shape, shape) for a in args if isinstance(a, torch.Tensor)):
                 return None
@@ -702,6 +730,30 @@ class Shadow:
         if name == "native_batch_norm_backward":
             call = call[:-1] + ([True, False, False],)
         return self._job(func, call, {}, home, 0, out[:, run], f"channels {run.stop - run.start}/{c}")
+
+    def _batch_rows(self, func, name, args, kwargs, out, home) -> Optional[ShadowJob]:
+        """A row-wise op (:data:`BATCHWISE`) on a run of its output's rows (dim 0), from the same rows of its row-wise
+        arguments (the row count argument, where it has one, set to the run's); None where the op works across rows
+        (a cumulative sum over dim 0, a concatenation along it) or an argument does not have the output's rows."""
+        rowwise, count, applies = BATCHWISE[name]
+        n, nd = out.shape[0], out.dim()
+        if nd < 2 or any(isinstance(v, torch.Tensor) for v in kwargs.values()) or not applies(args, nd):
+            return None
+        rs = span(n, max(1, self.max_elements // max(1, out[0].numel())))
+        call = list(args)
+        for k in rowwise:
+            x = args[k]
+            parts = list(x) if isinstance(x, (list, tuple)) else [x]
+            if not parts or any(not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != n for t in parts):
+                return None
+            call[k] = [t[rs] for t in parts] if isinstance(x, (list, tuple)) else x[rs]
+        if isinstance(count, tuple):  # the row count inside a size list (an upsampling backward's input_size)
+            sizes = list(args[count[0]])
+            sizes[count[1]] = rs.stop - rs.start
+            call[count[0]] = sizes
+        elif count is not None:
+            call[count] = rs.stop - rs.start
+        return self._job(func, tuple(call), kwargs, home, 0, out[rs], f"rows {rs.stop - rs.start}/{n}")
 
     def _where_the_gradient_lands(self, name, args, out, home) -> Optional[ShadowJob]:
         """``select_backward`` / ``slice_backward`` (zeros of the input's shape, the incoming gradient written where the
