@@ -339,7 +339,8 @@ def test_sampled_batch_norms_and_pooling_are_their_channels_and_planes_computed_
 def test_row_wise_ops_and_pointwise_ops_with_keywords_are_sampled_on_their_rows():
     """Ops whose output rows are each computed from the same rows of their arguments (cumulative sums and sums over
     other dims, flips, gathers, scatter-adds, padding, concatenation and stacking along other dims, upsampling and its
-    backward, group norm and its backward) are shadowed on a run of rows (a size argument set to the run's), and a
+    backward, group norm and its backward; a concatenation along the rows where one tensor fills the run, the
+    embedding's weight gradient) are shadowed on a run of rows (a size argument set to the run's), and a
     point-wise op with constant keywords (``gelu(approximate="tanh")``, HF GPT-2's activation) on a block: in float64
     each part equals the whole op's result there. Over dim 0 (a cumulative sum along the rows) there is no sample."""
     aten = torch.ops.aten
@@ -358,7 +359,12 @@ def test_row_wise_ops_and_pointwise_ops_with_keywords_are_sampled_on_their_rows(
              (aten.upsample_bilinear2d_backward.default, (up, [16, 16], [16, 4, 8, 8], False), {}),
              (aten.native_group_norm.default, (x, None, None, 16, 3, 40, 3, 1e-5), {}),
              (aten.native_group_norm_backward.default, (x, x, mean, rstd, None, 16, 3, 40, 3, [True, False, False]), {}),
-             (aten.gelu.default, (x,), {"approximate": "tanh"}), (aten.gelu_backward.default, (x, x), {"approximate": "tanh"})]
+             (aten.gelu.default, (x,), {"approximate": "tanh"}), (aten.gelu_backward.default, (x, x), {"approximate": "tanh"}),
+             (aten.cat.default, ([x[:3], x], 0), {})]  # along the rows: the run inside the second tensor
+    tokens = torch.randint(0, 40, (16, 30), generator=g)
+    dy = torch.randn(16, 30, 8, generator=g, dtype=torch.float64)
+    for pad in (-1, 0, 30):  # none, outside the sampled rows (26-37 of 40), inside them
+        cases += [(aten.embedding_dense_backward.default, (dy, tokens, 40, pad, scale), {}) for scale in (False, True)]
     for func, args, kwargs in cases:
         res = func(*args, **kwargs)
         whole = res[0] if isinstance(res, tuple) else res

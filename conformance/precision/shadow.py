@@ -137,6 +137,18 @@ def is_pointwise(fn: Any) -> bool:
     return getattr(getattr(fn, "overloadpacket", None), "__name__", None) in UNTAGGED_POINTWISE
 
 
+def embedding_rows_backward(grad_output, indices, padding_idx, scale_grad_by_freq, start, stop):
+    """Rows ``start:stop`` of ``embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
+    scale_grad_by_freq)`` for any ``num_weights`` >= ``stop``: the same op on a table of those rows and one more,
+    where every index outside them lands (then cut). The row counts ``scale_grad_by_freq`` divides by are those of the
+    indices themselves, so unchanged."""
+    n = stop - start
+    local = indices - start
+    local = torch.where((local < 0) | (local >= n), torch.full_like(local, n), local)
+    pad = padding_idx - start if start <= padding_idx < stop else -1
+    return torch.ops.aten.embedding_dense_backward.default(grad_output, local, n + 1, pad, scale_grad_by_freq)[:n]
+
+
 class _Slot:
     """Where input ``k`` of a :class:`ShadowJob` goes in its argument template."""
 
@@ -613,6 +625,13 @@ class Shadow:
             return self._where_the_gradient_lands(name, args, out, home)
         if name == "embedding" and not kwargs:
             return self._embedding_rows(args, out, home)
+        if name == "embedding_dense_backward" and not kwargs and out.dim() == 2:
+            rs = span(out.shape[0], max(1, self.max_elements // max(1, out.shape[1])))
+            return self._job(embedding_rows_backward, (args[0], args[1], int(args[3]), bool(args[4]), rs.start,
+                                                       rs.stop), {}, home, 0, out[rs],
+                             f"rows {rs.stop - rs.start}/{out.shape[0]}")
+        if name == "cat" and not kwargs and (args[1] if len(args) > 1 else 0) % out.dim() == 0:
+            return self._where_the_rows_land(args[0], out, home)
         if name == "nll_loss_backward" and not kwargs and args[1].dim() == 2:
             sel = self._sampled_rows(out)
             if sel is None:
@@ -771,6 +790,21 @@ class Shadow:
         tv = block_of(dest, shape, where)
         return self._job(torch.ops.aten._to_copy.default, (block_of(grad, shape, where),), {"dtype": _F64}, home, 0,
                          tv, f"block {tv.numel()}/{out.numel()} where the gradient lands")
+
+    def _where_the_rows_land(self, tensors, out, home) -> Optional[ShadowJob]:
+        """``cat`` along the rows on a run of output rows that one of its tensors fills: there the exact result is
+        that tensor's rows (a float64 cast of them). None when the run would span two tensors."""
+        rs = span(out.shape[0], max(1, self.max_elements // max(1, out[0].numel())))
+        start = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() != out.dim():
+                return None  # an empty legacy placeholder (shape [0]) or a scalar: positions shift
+            stop = start + t.shape[0]
+            if start <= rs.start and rs.stop <= stop:
+                return self._job(torch.ops.aten._to_copy.default, (t[rs.start - start:rs.stop - start],),
+                                 {"dtype": _F64}, home, 0, out[rs], f"rows {rs.stop - rs.start}/{out.shape[0]}")
+            start = stop
+        return None
 
     def _embedding_rows(self, args, out, home) -> Optional[ShadowJob]:
         """``embedding`` on a block of its output (:func:`blocks.block`): the table rows of the block's indices,
