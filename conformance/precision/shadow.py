@@ -382,6 +382,10 @@ class Shadow:
             return self._math_form(func, name, args, kwargs, out, out_index, home, lstm_layer_call)
         if name == "mkldnn_rnn_layer_backward":
             return self._math_form(func, name, args, kwargs, out, out_index, home, lstm_layer_backward_call)
+        if name == "nll_loss_forward" and self.sample and not kwargs and args[0].numel() > self.max_elements:
+            job = self._picked_log_probs(func, args, kwargs, out, out_index, home)
+            if job is not None:
+                return job
         big = self.sample and out.numel() > self.max_elements
         if big and (out_index == 0 or name == "convolution_backward"):
             fast = self._sampled(func, name, args, kwargs, out, home, out_index)
@@ -790,6 +794,24 @@ class Shadow:
         tv = block_of(dest, shape, where)
         return self._job(torch.ops.aten._to_copy.default, (block_of(grad, shape, where),), {"dtype": _F64}, home, 0,
                          tv, f"block {tv.numel()}/{out.numel()} where the gradient lands")
+
+    def _picked_log_probs(self, func, args, kwargs, out, out_index, home) -> Optional[ShadowJob]:
+        """``nll_loss_forward`` (the loss and the count of its rows) over a large input (a language model's
+        tokens x vocabulary log-probabilities): the loss reads one value a row, the target's, so its float64 shadow is
+        the same op on those values alone (gathered here, an exact copy, into one column; an ignored row keeps its
+        place as ignored), not the whole input made float64. None with class weights (the whole op then)."""
+        sibling = self._sibling(func, args, kwargs, home, out_index, out)
+        if sibling is not None:
+            return sibling
+        x, target, weight, reduction, ignore = args[:5]
+        if weight is not None or x.dim() != 2 or target.dim() != 1:
+            return None
+        ignored = target == ignore
+        picked = x.gather(1, torch.where(ignored, torch.zeros_like(target), target).unsqueeze(1))
+        call = (picked, ignored.long(), None, reduction, 1)  # column 0 the target's; 1 (out of range) ignored
+        job = self._job(func, call, {}, home, out_index, out, f"picked {x.shape[0]}/{x.numel()}")
+        self._last_call = (func, args, kwargs, job, None)
+        return job
 
     def _where_the_rows_land(self, tensors, out, home) -> Optional[ShadowJob]:
         """``cat`` along the rows on a run of output rows that one of its tensors fills: there the exact result is
