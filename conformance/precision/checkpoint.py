@@ -15,11 +15,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from hal.backend import dtype_name
+from hal.errors import BackendUnavailableError
+
 from . import thresholds as th
 from .calibration import device_available
 from .compare import disable_dropout
-from hal.backend import dtype_name
-from hal.errors import BackendUnavailableError
 
 
 def _make(workload, config):
