@@ -14,14 +14,14 @@ import math
 
 import pytest
 import torch
+from hal.conformance.precision import attention, metrics, shadow
+from hal.conformance.precision.metrics import StatsRequest, error_stats, error_stats_many
+from hal.conformance.precision.shadow import _HOMES, ENV_SHADOW_DEVICE, float64_home
+from hal.conformance.precision.tracer import StepTracer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hal
-from hal.conformance.precision import attention, metrics, shadow
-from hal.conformance.precision.metrics import StatsRequest, error_stats, error_stats_many
-from hal.conformance.precision.shadow import ENV_SHADOW_DEVICE, _HOMES, float64_home
-from hal.conformance.precision.tracer import StepTracer
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -598,6 +598,35 @@ def test_device_attention_kernels_are_shadowed_by_the_math_attention(kernel):
         sh.plan(bwd, args, kwargs, torch.zeros_like(q), 0)
 
 
+@pytest.mark.parametrize("kernel", sorted(attention._DEVICE_ATTENTION))
+def test_large_device_attention_is_shadowed_on_query_rows_and_whole_heads(kernel):
+    """A large device attention kernel's sampled shadow on the CPU (the kernel itself never called: its outputs stand
+    in as the float64 math attention's, so each sample must equal the same place of them): the forward on a run of
+    query rows with the causal mask written out for those rows, the backward on whole heads, one call for the
+    three gradients."""
+    import torch.nn.functional as F
+    aten = torch.ops.aten
+    fwd, bwd = getattr(aten, kernel).default, getattr(aten, kernel + "_backward").default
+    g = torch.Generator().manual_seed(12)
+    q, k, v, dout = (torch.randn(2, 3, 24, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    grads = attention.math_attention_grads(dout, q, k, v, is_causal=True, scale=0.3)
+    values = {"query": q, "key": k, "value": v, "grad_out": dout, "grad_out_": dout, "is_causal": True, "scale": 0.3,
+              "out": out, "logsumexp": torch.zeros(2, 3, 24), "philox_seed": torch.zeros((), dtype=torch.int64),
+              "philox_offset": torch.zeros((), dtype=torch.int64)}
+    sh = shadow.Shadow(max_elements=64)
+    args, kwargs = _kernel_args(fwd, values)
+    job = sh.plan(fwd, args, kwargs, out, 0)
+    args, kwargs = _kernel_args(bwd, values)
+    jobs = [sh.plan(bwd, args, kwargs, grads[i], i) for i in range(3)]
+    sh.flush([job, *jobs])
+    assert job.how == "block 64/1152" and all(j.how == "heads 1/6" for j in jobs), [job.how] + [j.how for j in jobs]
+    for j in (job, *jobs):
+        assert j.error is None and j.target.numel() < 1152, j.error
+        torch.testing.assert_close(j.target, j.ref, rtol=1e-10, atol=1e-12)
+    assert sh.shared_jobs == 2
+
+
 class _Attention(torch.nn.Module):
     def __init__(self, width: int = 128, heads: int = 2):
         super().__init__()
@@ -610,20 +639,23 @@ class _Attention(torch.nn.Module):
 
 
 @pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+@pytest.mark.parametrize("max_elements", [None, 1024])
 @pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
-def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend):
+def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend, max_elements):
     """The device attention kernels in float16 on the GPU: forward and backward (query, key and value gradients)
     get a float64 shadow (the math attention) with no NaN or inf, and the kernels are within the element rule
-    against it (the float64 call of the efficient backward itself gave NaN and inf: every element mismatched)."""
+    against it (the float64 call of the efficient backward itself gave NaN and inf: every element mismatched);
+    whole, and sampled (``max_elements`` 1024: query rows of a head forward, whole heads backward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
     m = _Attention().to(dev).half()
     x = torch.randn(2, 64, 128, device=dev, dtype=torch.float16, requires_grad=True)
-    tr = StepTracer(m, "target")
+    tr = StepTracer(m, "target", **({} if max_elements is None else {"max_elements": max_elements}))
     with tr, sdpa_kernel(getattr(SDPBackend, backend)):
         m(x).float().pow(2).mean().backward()
     att = [r for r in tr.records if r.op.startswith("scaled_dot_product_attention")]
+    assert all((r.sampling == "full") == (max_elements is None) for r in att), [r.sampling for r in att]
     assert sorted((r.phase, r.out_index) for r in att) == [("backward", 0), ("backward", 1), ("backward", 2),
                                                            ("forward", 0)], [(r.op, r.phase) for r in tr.records]
     for r in att:
