@@ -84,6 +84,7 @@ BATCHWISE = {
        for m in ("nearest1d", "nearest2d", "nearest3d", "linear1d", "bilinear2d", "bicubic2d", "trilinear3d")},
 }
 
+
 class SampledPlans:
     """Plans a large output's sampled shadow (see the module docstring); mixed into :class:`shadow.Shadow`."""
 
@@ -97,6 +98,8 @@ class SampledPlans:
         return span(n_rows, self.max_elements // max(1, last)), n_rows, last
 
     def _sampled(self, func, name, args, kwargs, out, home, out_index: int = 0) -> Optional[ShadowJob]:
+        """The sampled job of output ``out_index`` of a large op call (only a convolution's backward is sampled for
+        another output than 0), or None when the op has none for these arguments."""
         aten = torch.ops.aten
         if name in ("convolution", "convolution_backward") and not kwargs:
             return self._convolution_part(func, name, args, out, home, out_index)
@@ -160,10 +163,10 @@ class SampledPlans:
             grad = args[0][rs] if args[0].dim() else args[0]  # per-row gradients with reduction="none"
             return self._job(func, (grad, args[1][rs], args[2][rs], *args[3:]), {}, home, 0, out[rs],
                              f"rows {rs.stop - rs.start}/{n_rows}")
-        # point-wise, or a cast (autocast makes dozens a step, some of 500K elements; its dtype is a keyword): each
-        # element from its own
         if name in BATCHWISE:
             return self._batch_rows(func, name, args, kwargs, out, home)
+        # point-wise, or a cast (autocast makes dozens a step, some of 500K elements; its dtype is a keyword): each
+        # element from its own
         constants = not any(isinstance(v, torch.Tensor) for v in kwargs.values())  # gelu's approximate, add's alpha
         if (is_pointwise(func) and constants) or (name == "_to_copy" and len(args) == 1 and out.is_floating_point()):
             shape = tuple(out.shape)
