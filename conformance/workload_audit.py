@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -293,9 +294,10 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                 return _run_program(request, workdir, name, run_device, bound, profile_program=True,
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
             # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
-            # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box): a crashed run is run again, twice at most
+            # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box), in the child or in a worker it spawned: a crashed
+            # run is run again, twice at most
             res, crashes = profile_run("profile"), []
-            while (res.get("run") or {}).get("status") == "crashed" and len(crashes) < PROFILE_RETRIES:
+            while _crashed(res) and len(crashes) < PROFILE_RETRIES:
                 crashes.append((res.get("run") or {}).get("error"))
                 res = profile_run(f"profile-retry{len(crashes)}")
             prof = res.get("profile_run")
@@ -320,6 +322,17 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
         if not os.environ.get("HAL_DEBUG"):
             shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+#: how ``torch.multiprocessing`` reports a spawned worker killed by a crash (``ProcessExitedException``)
+_WORKER_CRASH = re.compile(r"terminated with signal SIG(SEGV|BUS|ABRT|ILL|FPE)\b")
+
+
+def _crashed(res: dict) -> bool:
+    """Whether a child run crashed: killed by a signal itself, or its program failed because a worker it spawned was
+    (``mp.spawn``: "process 0 terminated with signal SIGSEGV", CI at 37fa699, the profile run of a DDP tutorial)."""
+    run = res.get("run") or {}
+    return run.get("status") == "crashed" or bool(_WORKER_CRASH.search(str(run.get("error") or "")))
 
 
 def _run_failure(res: dict) -> str:

@@ -199,13 +199,16 @@ def test_a_gradient_the_scaler_unscales_in_place_keeps_its_queued_comparison(tmp
     assert p["verdict"] == "pass" and p["first_divergence"] is None, p["first_divergence"]
 
 
-def test_a_crashed_profile_run_is_run_again(tmp_path):
-    """The fixture kills its first profiled run (its second run in all); the audit runs it again. torch.profiler
-    may crash a later run for real (about 1 in 6 here), so the outcome is either a profile that says a run
-    crashed before it, or an error after every allowed run crashed -- never a profile silent about the crash."""
+@pytest.mark.parametrize("where", ["program", "worker"])
+def test_a_crashed_profile_run_is_run_again(tmp_path, where):
+    """The fixture kills its first profiled run (its second run in all), itself or in its ``mp.spawn`` worker (CI at
+    37fa699 failed on the DDP tutorial: "process 0 terminated with signal SIGSEGV", not retried); the audit runs it
+    again. torch.profiler may crash a later run for real (about 1 in 6 here), so the outcome is either a profile that
+    says a run crashed before it, or an error after every allowed run crashed -- never a profile silent about it."""
     counter = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "hal.cli.audit", str(FIX / "precision" / "crash_once.py"), "--device",
-                        "cpu", "--profile", "--steps", "1", "--out", str(tmp_path / "out")],
+                        "cpu", "--profile", "--steps", "1", "--out", str(tmp_path / "out"), "--",
+                        *(["--in-worker"] if where == "worker" else [])],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "HAL_TEST_RUN_COUNTER": str(counter)})
     runs = int(counter.read_text())
     assert runs >= 3, "no second profiled run after the crash"  # the capture run, the crashed one, at least one more
