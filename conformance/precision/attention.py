@@ -27,7 +27,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from .argtree import named_arguments
-from .blocks import UnshadowedError, block
+from .blocks import UnshadowedError, block, block_slices
 
 _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_cudnn_attention"}
@@ -114,12 +114,6 @@ def _mask_part(mask: torch.Tensor, n_idx: int, idx: Tuple[slice, ...]) -> torch.
     return mask[tuple(pick)]
 
 
-def _keep(where: Tuple[int, Tuple[int, ...], slice], n: int) -> Tuple[slice, ...]:
-    """:func:`blocks.block`'s block over the first ``n`` dims as keep-dim slices (one position: a slice of one)."""
-    d, fixed, run = where
-    return tuple(slice(fixed[g], fixed[g] + 1) if g < d else (run if g == d else slice(None)) for g in range(n))
-
-
 def _count(idx: Tuple[slice, ...], shape: Tuple[int, ...]) -> int:
     return math.prod(len(range(*s.indices(n))) for s, n in zip(idx, shape))
 
@@ -136,7 +130,7 @@ def sampled_attention(func, name, args, kwargs, out: torch.Tensor, max_elements:
     n = len(lead)
     shape = tuple(out.shape)
     where = block(shape, max(max_elements, shape[-1]))  # the last dim whole: d <= n, the query rows' dim
-    idx = _keep(where, n + 1)
+    idx = block_slices(where, n + 1)
     mask, causal = kw["attn_mask"], kw["is_causal"]
     if mask is not None:
         mask = _mask_part(mask, n + 1, idx)
@@ -162,7 +156,7 @@ def sampled_attention_backward(func, name, args, kwargs, max_elements: int
     n = len(lead)
     L, S, E, Ev = q.size(-2), k.size(-2), q.size(-1), v.size(-1)
     unit = L * E  # one head's query gradient: the slab is whole heads
-    heads = _keep(block(lead + (unit,), max(max_elements, unit)), n)
+    heads = block_slices(block(lead + (unit,), max(max_elements, unit)), n)
     count = _count(heads, lead)
     work = count * L * S * (E + Ev)
     if work > ATTENTION_WORK_LIMIT:

@@ -47,6 +47,13 @@ def block(shape: Tuple[int, ...], max_elements: int) -> Tuple[int, Tuple[int, ..
     return d, fixed, span(shape[d], max(1, max_elements // inner))
 
 
+def block_slices(where: Tuple[int, Tuple[int, ...], slice], n: int) -> Tuple[slice, ...]:
+    """The block ``where`` (:func:`block`) over the first ``n`` dims as keep-dim slices (a fixed position: a slice of
+    one), the same for every tensor whose first ``n`` dims are the block's."""
+    d, fixed, run = where
+    return tuple(slice(fixed[g], fixed[g] + 1) if g < d else (run if g == d else slice(None)) for g in range(n))
+
+
 def block_of(x: torch.Tensor, shape: Tuple[int, ...], where: Tuple[int, Tuple[int, ...], slice]) -> torch.Tensor:
     """The part of ``x`` (which broadcasts to ``shape``) that meets the block ``where`` (:func:`block`): a view."""
     d, fixed, run = where

@@ -9,7 +9,7 @@ LSTM written out step by step in float64 (:func:`math_lstm_layer`) and its gradi
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -35,13 +35,19 @@ def math_lstm_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse=False):
     return torch.stack(outs), h, c
 
 
-def lstm_layer_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
-    """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer`` (outputs 0-2: output, h, c): :func:`math_lstm_layer`.
-    Raises :class:`UnshadowedError` for what it does not cover (another cell than the LSTM, packed sequences)."""
+def _lstm_arguments(func, name, args, kwargs) -> Tuple[Dict[str, Any], bool]:
+    """The layer's arguments by name and whether it has biases. Raises :class:`UnshadowedError` for what the written-out
+    LSTM does not cover (another cell than the LSTM, packed sequences)."""
     n = named_arguments(func, args, kwargs)
     if n.get("mode") != 2 or n.get("batch_sizes"):
         raise UnshadowedError(f"{name} with mode {n.get('mode')} or packed sequences has no float64 form here")
-    biased = bool(n.get("has_biases", True))
+    return n, bool(n.get("has_biases", True))
+
+
+def lstm_layer_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
+    """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer`` (outputs 0-2: output, h, c): :func:`math_lstm_layer`.
+    Raises :class:`UnshadowedError` as :func:`_lstm_arguments`."""
+    n, biased = _lstm_arguments(func, name, args, kwargs)
     return (math_lstm_layer, (n["input"], n["weight0"], n["weight1"], n["weight2"] if biased else None,
                               n["weight3"] if biased else None, n["hx_"], n["cx_"]), {"reverse": bool(n["reverse"])})
 
@@ -64,11 +70,8 @@ def math_lstm_layer_grads(input, w_ih, w_hh, b_ih, b_hh, hx, cx, grad_output, gr
 
 def lstm_layer_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     """``(fn, args, kwargs)`` standing for ``mkldnn_rnn_layer_backward`` (its seven gradients):
-    :func:`math_lstm_layer_grads`. Raises :class:`UnshadowedError` as :func:`lstm_layer_call`."""
-    n = named_arguments(func, args, kwargs)
-    if n.get("mode") != 2 or n.get("batch_sizes"):
-        raise UnshadowedError(f"{name} with mode {n.get('mode')} or packed sequences has no float64 form here")
-    biased = bool(n.get("has_biases", True))
+    :func:`math_lstm_layer_grads`. Raises :class:`UnshadowedError` as :func:`_lstm_arguments`."""
+    n, biased = _lstm_arguments(func, name, args, kwargs)
     return (math_lstm_layer_grads, (n["input"], n["weight1"], n["weight2"], n["weight3"] if biased else None,
                                     n["weight4"] if biased else None, n["hx_"], n["cx_tmp"], n.get("grad_output"),
                                     n.get("grad_hy"), n.get("grad_cy")), {"reverse": bool(n["reverse"])})

@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .blocks import block, block_of, broadcasts_to, grid, span
+from .blocks import block, block_of, block_slices, broadcasts_to, grid, span
 from .job import ShadowJob
 
 _F64 = torch.float64
@@ -243,8 +243,7 @@ class SampledPlans:
                         for a in args):
             return None
         unit = out[(0,) * n].numel()
-        d, fixed, run = block(lead + (unit,), max(self.max_elements, unit))
-        idx = tuple(slice(fixed[g], fixed[g] + 1) if g < d else (run if g == d else slice(None)) for g in range(n))
+        idx = block_slices(block(lead + (unit,), max(self.max_elements, unit)), n)
         tv = out[idx]
         call = tuple(a[idx] if isinstance(a, torch.Tensor) else a for a in args)
         return self._job(func, call, {}, home, 0, tv, f"planes {tv.numel() // max(1, unit)}/{math.prod(lead)}")
@@ -297,6 +296,11 @@ class SampledPlans:
             call[count] = rs.stop - rs.start
         return self._job(func, tuple(call), kwargs, home, 0, out[rs], f"rows {rs.stop - rs.start}/{n}")
 
+    def _exact_copy(self, src: torch.Tensor, target: torch.Tensor, home, how: str) -> ShadowJob:
+        """The job of a data-movement op's sample whose exact result is ``src`` itself: its float64 cast (batched with
+        the casts'), compared with ``target``."""
+        return self._job(torch.ops.aten._to_copy.default, (src,), {"dtype": _F64}, home, 0, target, how)
+
     def _where_the_gradient_lands(self, name, args, out, home) -> Optional[ShadowJob]:
         """``select_backward`` / ``slice_backward`` (zeros of the input's shape, the incoming gradient written where the
         forward's view read) on a block of the positions the gradient lands on: there the exact result is the
@@ -311,8 +315,8 @@ class SampledPlans:
             return None
         where = block(shape, self.max_elements)
         tv = block_of(dest, shape, where)
-        return self._job(torch.ops.aten._to_copy.default, (block_of(grad, shape, where),), {"dtype": _F64}, home, 0,
-                         tv, f"block {tv.numel()}/{out.numel()} where the gradient lands")
+        return self._exact_copy(block_of(grad, shape, where), tv, home,
+                                f"block {tv.numel()}/{out.numel()} where the gradient lands")
 
     def _picked_log_probs(self, func, args, kwargs, out, out_index, home) -> Optional[ShadowJob]:
         """``nll_loss_forward`` (the loss and the count of its rows) over a large input (a language model's
@@ -342,8 +346,8 @@ class SampledPlans:
                 return None  # an empty legacy placeholder (shape [0]) or a scalar: positions shift
             stop = start + t.shape[0]
             if start <= rs.start and rs.stop <= stop:
-                return self._job(torch.ops.aten._to_copy.default, (t[rs.start - start:rs.stop - start],),
-                                 {"dtype": _F64}, home, 0, out[rs], f"rows {rs.stop - rs.start}/{out.shape[0]}")
+                return self._exact_copy(t[rs.start - start:rs.stop - start], out[rs], home,
+                                        f"rows {rs.stop - rs.start}/{out.shape[0]}")
             start = stop
         return None
 
@@ -361,8 +365,7 @@ class SampledPlans:
         picked = indices[idx]
         rows = weight.index_select(0, picked.reshape(-1)).view(*picked.shape, weight.shape[1])[..., cols]
         tv = out[idx + (cols,)]
-        return self._job(torch.ops.aten._to_copy.default, (rows,), {"dtype": _F64}, home, 0, tv,
-                         f"block {tv.numel()}/{out.numel()} (table rows by index_select)")
+        return self._exact_copy(rows, tv, home, f"block {tv.numel()}/{out.numel()} (table rows by index_select)")
 
     def _layer_norm_rows(self, func, name, args, out, home) -> Optional[ShadowJob]:
         """A run of rows of ``native_layer_norm``'s output, or of its backward's input gradient (output 0): a row
