@@ -5,7 +5,8 @@ gradient flowing into the sum), float32 and bfloat16 (``--ops`` picks).
 
 Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db), its dx row held in
 registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
-every (programs per SM, warps) in the grid below. (A fused plan with the bias gradient taken apart, as
+every (programs per SM, warps) in the grid below, and at 8192 and 16384 wide the fused plan with the row in 2 or 4
+column tiles read twice (``fused pP wW sS``: only the weight/bias accumulators stay row-wide in registers). (A fused plan with the bias gradient taken apart, as
 torch's column sum of dy, was tried at 2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart``
 plans.) Each plan's dx and dw are checked against the shipped plan's (relative error, field ``rel_err``).
 Timing: the GPU time of one call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the
@@ -38,6 +39,10 @@ QUICK = ((4096, 4096), (16384, 16384))
 #: warps tried per row block
 WARPS = {1024: (4, 8), 2048: (4, 8), 4096: (4, 8, 16), 8192: (8, 16), 16384: (8, 16, 32), 32768: (16, 32)}
 PROGRAMS_PER_SM = (1, 2, 4, 8)
+#: fused plans with the row in column tiles read twice (``norms._norm_bwd_split``) are tried for these blocks
+SPLIT_FROM, SPLIT_TO = 8192, 16384
+SPLITS = (2, 4)
+SPLIT_PROGRAMS_PER_SM = (1, 2)
 #: the two-stage plan's dx kernel is also tried with the row in registers up to this block
 SINGLE_DX_MAX = 16384
 #: a plan whose dx or dw differs from the shipped plan's by more than this (relative to its largest
@@ -57,6 +62,9 @@ def plans(n: int) -> list[tuple[str, object]]:
     for w in WARPS.get(block, (8,)):
         for p in PROGRAMS_PER_SM:
             out.append(norms.BwdPlan(True, block, True, w, p))
+    if SPLIT_FROM <= block <= SPLIT_TO:
+        out += [norms.BwdPlan(True, block, True, w, p, s) for s in SPLITS for w in WARPS.get(block, (8,))
+                for p in SPLIT_PROGRAMS_PER_SM]
     return [("two-stage" if i == 0 else plan.name, plan) for i, plan in enumerate(out)]
 
 

@@ -8,7 +8,10 @@ Backward: which kernels run is a :class:`BwdPlan` per norm, row width and dtype,
 H200 (:data:`BWD_TUNED`; untuned widths take :func:`default_bwd_plan`). The fused plan is one kernel:
 each of ``programs_per_sm * SMs`` programs computes the input gradient of a strip of rows, row by
 row, and the weight/bias gradients as partial sums over its strip (``[programs, N]`` float32, added
-up by ``_norm_part_sum``); wider rows take fewer programs per SM. The two-stage plan (layer_norm from
+up by ``_norm_part_sum``); wider rows take fewer programs per SM. At 16384 wide, where the row, its
+weight and the row-wide accumulators no longer fit the registers, the fused plan may hold the row as two
+column tiles and read each twice (``_norm_bwd_split``: the row's statistics first, then dx, the second read
+served by the L2), so only the accumulators stay row-wide. The two-stage plan (layer_norm from
 16384 wide, every norm at 32768, where a row-wide float32 accumulator per program spills) takes two
 kernels: ``_norm_bwd_dx`` writes the input gradient, one row per program (the row in registers up
 to :data:`DX_SINGLE_MAX` elements by default and up to 16384 in the tuned layer_norm plans, else two
@@ -139,6 +142,118 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh
 
 
 @triton.jit
+def _split_sums(DY, X, W, row64, stride_dy, stride_x, start, N, mean, rstd, rvalid, TILE: tl.constexpr,
+                HAS_W: tl.constexpr):
+    """``(sum(g * xhat), sum(g))`` over one column tile of one row (``_norm_bwd_split``'s first pass; the loads
+    ask the L2 to keep the tile for the second)."""
+    cols = start + tl.arange(0, TILE)
+    cmask = cols < N
+    mask = cmask & rvalid
+    x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    if HAS_W:
+        g = dy * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        g = dy
+    return tl.sum(g * xhat, 0), tl.sum(g, 0)
+
+
+@triton.jit
+def _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, start, N, mean, rstd, c1, c2,
+              rvalid, acc_w, acc_b, TILE: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+              HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
+    """dx of one column tile of one row (``_norm_bwd_split``'s second pass: the tile read again, from the L2)
+    and the tile's dw (db) accumulators with the row added."""
+    cols = start + tl.arange(0, TILE)
+    cmask = cols < N
+    mask = cmask & rvalid
+    # another eviction policy than the first pass's loads: the compiler must not merge the two reads (it would keep
+    # the whole row in registers, which is what this kernel avoids)
+    x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    if HAS_W:
+        g = dy * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        g = dy
+    if IS_RMS:
+        dx = (g - xhat * c1) * rstd
+    else:
+        dx = (g - xhat * c1 - c2) * rstd
+    if HAS_DH:
+        dx += tl.load(DH + row64 * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    if HAS_W:
+        acc_w += dy * xhat
+    if HAS_B:
+        acc_b += dy
+    return acc_w, acc_b
+
+
+@triton.jit
+def _norm_bwd_split(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh, stride_dx, M, N,
+                    rows_per_prog, db_off, TILE: tl.constexpr, S: tl.constexpr, IS_RMS: tl.constexpr,
+                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
+    """``_norm_bwd`` for wide rows: the row in ``S`` (2 or 4) column tiles of ``TILE``, read twice (the row's
+    statistics, then dx: the second read hits the L2), so that only the dw/db accumulators stay row-wide in
+    registers, one ``[TILE]`` pair per tile. Same arguments and partial sums as ``_norm_bwd``."""
+    pid = tl.program_id(0)
+    a0 = tl.zeros([TILE], tl.float32)
+    b0 = a0
+    a1 = a0
+    b1 = a0
+    a2 = a0
+    b2 = a0
+    a3 = a0
+    b3 = a0
+    first = pid.to(tl.int64) * rows_per_prog
+    for i in range(0, rows_per_prog):
+        row64 = first + i
+        rvalid = row64 < M
+        rstd = tl.load(Rstd + row64, mask=rvalid, other=0.0)
+        if IS_RMS:
+            mean = 0.0
+        else:
+            mean = tl.load(Mean + row64, mask=rvalid, other=0.0)
+        s1, s2 = _split_sums(DY, X, W, row64, stride_dy, stride_x, 0, N, mean, rstd, rvalid, TILE, HAS_W)
+        t1, t2 = _split_sums(DY, X, W, row64, stride_dy, stride_x, TILE, N, mean, rstd, rvalid, TILE, HAS_W)
+        s1 += t1
+        s2 += t2
+        if S == 4:
+            t1, t2 = _split_sums(DY, X, W, row64, stride_dy, stride_x, 2 * TILE, N, mean, rstd, rvalid, TILE, HAS_W)
+            s1 += t1
+            s2 += t2
+            t1, t2 = _split_sums(DY, X, W, row64, stride_dy, stride_x, 3 * TILE, N, mean, rstd, rvalid, TILE, HAS_W)
+            s1 += t1
+            s2 += t2
+        c1 = s1 / N
+        c2 = s2 / N
+        a0, b0 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 0, N, mean, rstd, c1,
+                           c2, rvalid, a0, b0, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
+        a1, b1 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, TILE, N, mean, rstd, c1,
+                           c2, rvalid, a1, b1, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
+        if S == 4:
+            a2, b2 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 2 * TILE, N, mean,
+                               rstd, c1, c2, rvalid, a2, b2, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
+            a3, b3 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 3 * TILE, N, mean,
+                               rstd, c1, c2, rvalid, a3, b3, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
+    cols = tl.arange(0, TILE)
+    if HAS_W:
+        tl.store(PART + pid * N + cols, a0, mask=cols < N)
+        tl.store(PART + pid * N + TILE + cols, a1, mask=TILE + cols < N)
+        if S == 4:
+            tl.store(PART + pid * N + 2 * TILE + cols, a2, mask=2 * TILE + cols < N)
+            tl.store(PART + pid * N + 3 * TILE + cols, a3, mask=3 * TILE + cols < N)
+    if HAS_B:
+        tl.store(PART + db_off + pid * N + cols, b0, mask=cols < N)
+        tl.store(PART + db_off + pid * N + TILE + cols, b1, mask=TILE + cols < N)
+        if S == 4:
+            tl.store(PART + db_off + pid * N + 2 * TILE + cols, b2, mask=2 * TILE + cols < N)
+            tl.store(PART + db_off + pid * N + 3 * TILE + cols, b3, mask=3 * TILE + cols < N)
+
+
+@triton.jit
 def _norm_bwd_dx(DY, X, W, Mean, Rstd, DH, DX, stride_dy, stride_x, stride_dh, stride_dx, N,
                  TILE: tl.constexpr, SINGLE: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_DH: tl.constexpr):
@@ -265,6 +380,7 @@ def _norm_part_sum(PART, DW, DB, P, N, db_off, HAS_W: tl.constexpr, HAS_B: tl.co
 PART_BLOCK_P, PART_BLOCK_N = 128, 32
 
 _FWD, _BWD, _BWD_DX, _BWD_DWDB = Launcher(_norm_fwd), Launcher(_norm_bwd), Launcher(_norm_bwd_dx), Launcher(_norm_bwd_dwdb)
+_BWD_SPLIT = Launcher(_norm_bwd_split)
 _PART_SUM = Launcher(_norm_part_sum)
 
 #: launch parameters per row width (computed once per N): forward (block, warps); backward below
@@ -288,7 +404,8 @@ class BwdPlan:
 
     ``fused``: one ``_norm_bwd`` kernel, ``min(rows, programs_per_sm * SMs)`` programs, each a strip
     of rows (the row of ``block`` elements in registers) with its dw/db partial sums, then one
-    ``sum(0)``. Else the two-stage path:
+    ``sum(0)``; with ``split`` > 1 the ``_norm_bwd_split`` kernel, the row in ``split`` column tiles read
+    twice (statistics, then dx from the L2), only the dw/db accumulators row-wide. Else the two-stage path:
     ``_norm_bwd_dx`` (the row in registers when ``single``, else looped in tiles of ``block``) and the
     column-tiled ``_norm_bwd_dwdb``. ``warps``: the first kernel's. :attr:`name` is the plan's name in
     :data:`BWD_TUNED` and the tuner's tables; :func:`plan_named` reads it back."""
@@ -298,18 +415,21 @@ class BwdPlan:
     single: bool
     warps: int
     programs_per_sm: int = 4
+    #: fused only: the row in this many column tiles (``_norm_bwd_split``: 2 or 4), read twice; 1: held whole
+    split: int = 1
 
     @property
     def name(self) -> str:
         if self.fused:
-            return f"fused p{self.programs_per_sm} w{self.warps}"
+            return f"fused p{self.programs_per_sm} w{self.warps}" + (f" s{self.split}" if self.split > 1 else "")
         return f"two-stage single w{self.warps}" if self.single else f"two-stage looped w{self.warps}"
 
 
 def plan_named(name: str, n: int) -> BwdPlan:
     """The plan called ``name`` for rows of ``n`` elements: ``"two-stage"`` (:func:`two_stage_plan`),
     ``"two-stage single wW"`` (the dx row in registers, W warps), ``"two-stage looped wW"`` or
-    ``"fused pP wW"`` (:class:`BwdPlan`). Raises ValueError for another name."""
+    ``"fused pP wW"``, ``"fused pP wW sS"`` (the row in S = 2 or 4 tiles, :attr:`BwdPlan.split`)
+    (:class:`BwdPlan`). Raises ValueError for another name."""
     words = name.split()
     block = next_power_of_2(n)
     try:
@@ -321,6 +441,9 @@ def plan_named(name: str, n: int) -> BwdPlan:
             return BwdPlan(False, block if single else DX_TILE, single, warps)
         if words[0] == "fused" and len(words) == 3 and words[1][0] == "p" and words[2][0] == "w":
             return BwdPlan(True, block, True, warps, int(words[1][1:]))
+        if words[0] == "fused" and len(words) == 4 and words[1][0] == "p" and words[2][0] == "w" \
+                and words[3] in ("s2", "s4"):
+            return BwdPlan(True, block, True, warps, int(words[1][1:]), int(words[3][1:]))
     except (IndexError, ValueError):
         pass
     raise ValueError(f"not a norm backward plan name: {name!r}")
@@ -330,7 +453,11 @@ def plan_named(name: str, n: int) -> BwdPlan:
 #: (norm, dtype, row block), the name of the fastest plan (:func:`plan_named`). Fewer programs as rows
 #: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
 #: add_rms_norm (the same kernel plus dh) has its own entries, tuned with that extra gradient; rms_norm's serve it
-#: where it has none.
+#: where it has none. The three ``fused ... s2`` entries at 16384 wide (the row in two tiles read twice,
+#: ``_norm_bwd_split``) were tuned on an H100 (reports/cuda/tune_norm_bwd_split-h100.json, 8192 and 16384 wide only),
+#: where they beat the H200's choices by 1.16-1.37x (layer_norm bfloat16 16384 x 16384: 752 against 1032 us; rms_norm
+#: float32 1112 against 1292; add_rms_norm float32 1522 against 1870); where a split plan was within 3% of the old
+#: choice, the old one stays.
 BWD_TUNED: dict = {
     ("layer_norm", "float32", 1024): "fused p8 w4",
     ("rms_norm", "float32", 1024): "fused p8 w4",
@@ -339,7 +466,7 @@ BWD_TUNED: dict = {
     ("layer_norm", "float32", 8192): "fused p1 w8",
     ("rms_norm", "float32", 8192): "fused p1 w16",
     ("layer_norm", "float32", 16384): "two-stage single w16",
-    ("rms_norm", "float32", 16384): "fused p1 w32",
+    ("rms_norm", "float32", 16384): "fused p2 w8 s2",  # H100 (below)
     ("layer_norm", "float32", 32768): "two-stage",
     ("rms_norm", "float32", 32768): "two-stage",
     ("layer_norm", "bfloat16", 1024): "fused p8 w4",
@@ -348,7 +475,7 @@ BWD_TUNED: dict = {
     ("rms_norm", "bfloat16", 4096): "fused p2 w8",
     ("layer_norm", "bfloat16", 8192): "fused p1 w8",
     ("rms_norm", "bfloat16", 8192): "fused p1 w16",
-    ("layer_norm", "bfloat16", 16384): "two-stage single w32",
+    ("layer_norm", "bfloat16", 16384): "fused p1 w8 s2",  # H100 (below)
     ("rms_norm", "bfloat16", 16384): "fused p1 w16",
     ("layer_norm", "bfloat16", 32768): "two-stage",
     ("rms_norm", "bfloat16", 32768): "two-stage",
@@ -357,7 +484,7 @@ BWD_TUNED: dict = {
     ("add_rms_norm", "float32", 1024): "fused p4 w8",
     ("add_rms_norm", "float32", 4096): "fused p2 w8",
     ("add_rms_norm", "float32", 8192): "fused p2 w16",
-    ("add_rms_norm", "float32", 16384): "fused p1 w32",
+    ("add_rms_norm", "float32", 16384): "fused p2 w8 s2",  # H100 (below)
     ("add_rms_norm", "float32", 32768): "two-stage",
     ("add_rms_norm", "bfloat16", 1024): "fused p4 w8",
     ("add_rms_norm", "bfloat16", 4096): "fused p2 w16",
@@ -480,7 +607,7 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
     # launch keys (launcher's contract): device, dtypes, which optional tensors are there, the plan (its
     # constexprs), and the int arguments' values or, for row counts, their specialisation class
     base = (x2.get_device(), dy2.dtype, x2.dtype, w_.dtype, dh_.dtype, is_rms, has_w, has_bias, dh2 is None,
-            plan.block, plan.single, plan.warps) if aligned(dy2, x2, w_, dh_) else None  # the rest: ours
+            plan.block, plan.single, plan.warps, plan.split) if aligned(dy2, x2, w_, dh_) else None  # the rest: ours
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
@@ -492,8 +619,11 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
                     dx.stride(0), rows, n, per, db_off)
             key = None if base is None else base + args[8:12] + (int_class(rows), n, int_class(per),
                                                                  int_class(db_off))
-            _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias,
-                                                HAS_DH=dh2 is not None, num_warps=plan.warps))
+            flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, HAS_DH=dh2 is not None, num_warps=plan.warps)
+            if plan.split > 1:
+                _BWD_SPLIT((progs, 1, 1), key, args, dict(TILE=plan.block // plan.split, S=plan.split, **flags))
+            else:
+                _BWD((progs, 1, 1), key, args, dict(BLOCK=plan.block, **flags))
     else:
         args = (dy2, x2, w_, mean_, rstd, dh_, dx, dy2.stride(0), x2.stride(0), dh_.stride(0), dx.stride(0), n)
         _BWD_DX((rows, 1, 1), None if base is None else base + args[7:], args,
