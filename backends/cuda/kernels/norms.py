@@ -454,7 +454,7 @@ def plan_named(name: str, n: int) -> BwdPlan:
 #: widen: each keeps a row-wide float32 accumulator. Blocks not listed take :func:`default_bwd_plan`.
 #: add_rms_norm (the same kernel plus dh) has its own entries, tuned with that extra gradient; rms_norm's serve it
 #: where it has none. The three ``fused ... s2`` entries at 16384 wide (the row in two tiles read twice,
-#: ``_norm_bwd_split``) were tuned on an H100 (reports/cuda/tune_norm_bwd_split-h100.json, 8192 and 16384 wide only),
+#: ``_norm_bwd_split``) were tuned on an H100 (reports/cuda/h100/tune_norm_bwd_split-62ff08f.json, 8192 and 16384 wide only),
 #: where they beat the H200's choices by 1.16-1.37x (layer_norm bfloat16 16384 x 16384: 752 against 1032 us; rms_norm
 #: float32 1112 against 1292; add_rms_norm float32 1522 against 1870); where a split plan was within 3% of the old
 #: choice, the old one stays.
