@@ -97,6 +97,23 @@ def device_ce(x: torch.Tensor) -> Any:
     return cross_entropy
 
 
+def _one_chunk(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, ce: Any, classes: int, grads: bool) -> tuple:
+    """``(loss in x's dtype, dlogits or None)`` of the head over all of ``x`` as one chunk on the Triton path: the
+    cross-entropy kernels' own reduction (the loss, and the mean's scale left in stats for the backward kernel; about
+    a third of the host time of :func:`_chunked`'s loop, which is what a call of a few hundred rows costs,
+    tune_lce.json). With ``grads``, the gradient of the loss (``grad_output`` 1) over the logits, written over them:
+    ``[rows, padded classes]`` in x's dtype, the padded columns 0."""
+    logits = torch.nn.functional.linear(x, weight, bias)
+    real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
+    _, t, stats = ce.ce_forward(real, target, ignore_index)
+    loss = ce.ce_reduce(stats, t, reduction, x.dtype, ignore_index)
+    if not grads:
+        return loss, None
+    ce.ce_backward(real, t, stats, None, reduction == "mean", ignore_index, out=real)
+    return loss, logits
+
+
 def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
              ignore_index: int, reduction: str, rows_per_chunk: int, want: tuple, ce: Any, classes: int) -> tuple:
     """``(loss in x's dtype, grad_x, grad_w, grad_b)`` of the head over ``x [rows, hidden]`` in chunks of
@@ -108,16 +125,10 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
     want_x, want_w, want_b = want
     n = x.shape[0]
     if ce is not None and n <= rows_per_chunk:
-        # one chunk: the cross-entropy kernels' own reduction (the loss in x's dtype, and the mean's scale left in
-        # stats for the backward kernel) -- about a third of the host time of the loop below, which is what a
-        # call of a few hundred rows costs (tune_lce.json)
-        logits = torch.nn.functional.linear(x, weight, bias)
-        real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
-        _, t, stats = ce.ce_forward(real, target, ignore_index)
-        loss = ce.ce_reduce(stats, t, reduction, x.dtype, ignore_index)
-        if not (want_x or want_w or want_b):
+        loss, logits = _one_chunk(x, weight, target, bias, ignore_index, reduction, ce, classes,
+                                  want_x or want_w or want_b)
+        if logits is None:
             return loss, None, None, None
-        ce.ce_backward(real, t, stats, None, reduction == "mean", ignore_index, out=real)
         return (loss, torch.mm(logits, weight) if want_x else None, torch.mm(logits.t(), x) if want_w else None,
                 logits.float().sum(0) if want_b else None)
     grads = want_x or want_w or want_b
@@ -175,20 +186,42 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """:func:`_chunked` with the gradients the graph needs computed in the forward; the backward scales them by
-    grad_output (a 0-dim tensor of the loss's dtype, which the gradients share: no cast)."""
+    grad_output (a 0-dim tensor of the loss's dtype, which the gradients share: no cast).
+
+    Except for a call of no more rows than ``hidden`` that is one chunk on the Triton path: its forward keeps the
+    logits' gradient (``[rows, classes]``, no larger than the ``[classes, hidden]`` weight gradient it would
+    otherwise keep) and the backward scales that by grad_output and runs the two matmuls, as torch's unfused
+    backward does. Scaling a finished ``[classes, hidden]`` weight gradient was one more pass over it: at 8 x 768 x
+    50257 float32 that pass made the fused head 0.92x torch's forward + backward (reports/cuda/bench_kernels.json)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
                 ignore_index: int, reduction: str, rows_per_chunk: int, ce: Any, classes: int) -> torch.Tensor:
         want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.want = want
+        n, hidden = x.shape
+        if ce is not None and n <= rows_per_chunk and n <= hidden and any(want):
+            loss, dlogits = _one_chunk(x, weight, target, bias, ignore_index, reduction, ce, classes, True)
+            ctx.save_for_backward(x, weight, dlogits)
+            ctx.deferred = True
+            return loss
         loss, grad_x, grad_w, grad_b = _chunked(x, weight, target, bias, ignore_index, reduction, rows_per_chunk,
                                                 want, ce, classes)
         ctx.save_for_backward(grad_x, grad_w, grad_b)
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.deferred = False
         return loss
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):
+        if ctx.deferred:
+            x, weight, dlogits = ctx.saved_tensors
+            want_x, want_w, want_b = ctx.want
+            g = dlogits * grad_out
+            dx = torch.mm(g, weight) if want_x else None
+            dw = torch.mm(g.t(), x) if want_w else None
+            db = g.float().sum(0).to(ctx.bias_dtype) if want_b else None
+            return dx, dw, None, db, None, None, None, None, None
         grad_x, grad_w, grad_b = ctx.saved_tensors
         dx = None if grad_x is None else grad_x * grad_out
         dw = None if grad_w is None else grad_w * grad_out

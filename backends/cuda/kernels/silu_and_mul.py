@@ -7,6 +7,8 @@ re-reads it). The public wrapper takes every call: what the kernel does not take
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -54,33 +56,49 @@ def _warps(block: int) -> int:
     return 8 if block >= 2048 else 4 if block >= 512 else 1
 
 
+_plans: dict = {}
+
+
+def _plan(d: int) -> tuple:
+    """``(block, warps)`` for rows of ``2 d`` elements (cached per d)."""
+    p = _plans.get(d)
+    if p is None:
+        block = _block(d)
+        p = _plans[d] = (block, _warps(block))
+    return p
+
+
 _FWD, _BWD = Launcher(_silu_mul_fwd), Launcher(_silu_mul_bwd)
 
 
-def silu_and_mul_forward(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_forward(x: torch.Tensor, plan: Optional[tuple] = None) -> torch.Tensor:
+    """``silu(a) * b`` of ``x [..., 2d]`` as a new ``[..., d]`` tensor. ``plan``: ``(block, warps)`` of the
+    launch (default: :data:`_BLOCK` columns or fewer, :func:`_warps`; ``benchmarks/tune_silu_and_mul.py``
+    tries others)."""
     x2 = as_rows(x)
     rows, two_d = x2.shape
     d = two_d // 2
     y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
-    block = _block(d)
+    block, warps = plan or _plan(d)
     if rows and d:
         args = (x2, y, x2.stride(0), y.stride(0), d)
-        # the launch key (launcher's contract): device, dtype, int arguments (the block follows from d)
-        key = (x2.get_device(), x2.dtype) + args[2:] if aligned(x2) else None  # y: ours
-        _FWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
+        # the launch key (launcher's contract): device, dtype, int arguments, the plan
+        key = (x2.get_device(), x2.dtype, block, warps) + args[2:] if aligned(x2) else None  # y: ours
+        _FWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=warps))
     return y.view(*x.shape[:-1], d)
 
 
-def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_backward(dy: torch.Tensor, x: torch.Tensor, plan: Optional[tuple] = None) -> torch.Tensor:
+    """The gradient of :func:`silu_and_mul_forward` over ``x`` for ``dy``; ``plan`` as there."""
     x2, dy2 = as_rows(x), as_rows(dy)
     rows, two_d = x2.shape
     d = two_d // 2
     dx = torch.empty_like(x2)  # [rows, 2d] contiguous (_rows.as_rows)
-    block = _block(d)
+    block, warps = plan or _plan(d)
     if rows and d:
         args = (dy2, x2, dx, dy2.stride(0), x2.stride(0), dx.stride(0), d)
-        key = (x2.get_device(), dy2.dtype, x2.dtype) + args[3:] if aligned(dy2, x2) else None  # dx: ours
-        _BWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=_warps(block)))
+        key = (x2.get_device(), dy2.dtype, x2.dtype, block, warps) + args[3:] if aligned(dy2, x2) else None
+        _BWD((rows, -(-d // block), 1), key, args, dict(BLOCK=block, num_warps=warps))  # dx: ours, aligned
     return dx.view(x.shape)
 
 
