@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23 on one H200, in one command (the steps' limits add up to 1110 s + install): GPU correctness
+# Issue 23 on one H200, in one command (the steps' limits add up to 1310 s + install): GPU correctness
 # tests of the Triton kernels and the fused linear + cross-entropy, the raw Triton-vs-torch sweep ->
 # routing table, the eager kernel benchmark (hal / torch / Liger / torch.compile, fwd + bwd) routed by
 # that table, gpt2-small bf16 training through hal.ops vs torch eager vs torch.compile, and the kernel
@@ -8,10 +8,10 @@
 #
 # Usage, from the project root:  OUT=/some/dir bash benchmarks/h200_kernels.sh
 # Writes directly in $OUT: h200_kernels.log, env.json, routing.json, bench_kernels.json,
-# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json, host_path.json, tune_softmax_bwd.json, tune_lce.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
+# e2e_gpt2small.json, kern_timing.json, tune_norm_bwd.json, host_path.json, tune_softmax_bwd.json, tune_lce.json, tune_silu_and_mul.json. Carried wheels in .whl/ (liger_kernel, jsonschema, stevedore,
 # ...) are installed first when present. Each step has its own time limit; a failing step does not
 # stop the rest; the exit status is the number of failed steps. H200_STEPS picks steps (comma-separated:
-# tests,forced,host,sweep,bench,e2e,timing,dispatch,tune,tune-softmax,tune-lce; default all); without the sweep, the benchmarks route by
+# tests,forced,host,sweep,bench,e2e,timing,dispatch,tune,tune-softmax,tune-lce,tune-silu; default all); without the sweep, the benchmarks route by
 # the shipped table (backends/cuda/kernels/routing.json).
 set -u
 OUT=${OUT:-$PWD/out}
@@ -84,6 +84,11 @@ fi
 if want tune-lce; then
 step "fused linear + cross-entropy: vocabulary padded or not, per row count, beside torch (benchmarks/tune_lce.py)"
 run 240 $PY benchmarks/tune_lce.py --json "$OUT/tune_lce.json"
+fi
+
+if want tune-silu; then
+step "silu_and_mul launch plans (block, warps), forward and backward, beside torch and Liger (benchmarks/tune_silu_and_mul.py)"
+run 200 $PY benchmarks/tune_silu_and_mul.py --json "$OUT/tune_silu_and_mul.json"
 fi
 
 if want tune; then
