@@ -85,6 +85,10 @@ SHAPES: dict[str, dict] = {
     # benchmarks/tune_norm_bwd.py: every norm backward plan's GPU time per width, and the chosen table
     "reports/cuda/tune_norm_bwd*.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                             tuned={"type": "object", "minProperties": 1}),
+    # benchmarks/tune_silu_and_mul.py: every launch plan's GPU time per shape and direction, and the chosen plan
+    "reports/cuda/h100/tune_silu_and_mul-*.json": _req("environment", "rows", "tuned",
+                                                       rows={"type": "array", "minItems": 1},
+                                                       tuned={"type": "object", "minProperties": 1}),
     # benchmarks/tune_softmax_bwd.py: every softmax backward plan's GPU time per width, and the chosen warps
     "reports/cuda/tune_softmax_bwd.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                                tuned={"type": "object", "minProperties": 1}),
@@ -119,6 +123,10 @@ SHAPES: dict[str, dict] = {
     "reports/matrix/diff-*.json": {"type": "array", "items": _req("cell", "change", change={
         "enum": ["added", "removed", "status", "step_ms", "fallback_ops", "ops"]})},
 }
+# the same report kinds from a card other than the H200 (reports/cuda/h100/: the device service gave an H100)
+SHAPES.update({p.replace("reports/cuda/", "reports/cuda/h100/"): SHAPES[p] for p in (
+    "reports/cuda/env-*.json", "reports/cuda/bench_kernels-*.json", "reports/cuda/e2e_gpt2small-*.json",
+    "reports/cuda/tune_norm_bwd*.json")})
 #: `schema` names of benchmark outputs the package does not publish -> their shape
 SHAPES_BY_SCHEMA: dict[str, dict] = {
     "hal-corpus-static/1": _req("schema", "environment", "rows", "totals", rows={"type": "array"}),
