@@ -97,14 +97,40 @@ def device_ce(x: torch.Tensor) -> Any:
     return cross_entropy
 
 
+def _torch_chunk(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, scale: Optional[torch.Tensor],
+                 grads: bool) -> tuple:
+    """The torch-ops chunk step (no Triton): ``(sum of the chunk's row losses in float32, dlogits or None)``; with
+    ``grads``, dlogits = ``(softmax - onehot) * scale`` on valid rows (``scale`` None: 1), 0 on ignored ones, float32,
+    computed in place over the float32 logits (which are ``logits`` itself for float32 logits)."""
+    lf = logits.float()  # the same tensor for float32 logits
+    lse = torch.logsumexp(lf, dim=-1)
+    safe = torch.where(valid, target, torch.zeros_like(target)).long()
+    picked = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = ((lse - picked) * valid).sum()
+    if not grads:
+        return loss, None
+    p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
+    p[torch.arange(p.shape[0], device=p.device), safe] -= valid.to(p.dtype)
+    p.mul_((valid.to(p.dtype) if scale is None else valid.to(p.dtype) * scale)[:, None])
+    return loss, p
+
+
 def _one_chunk(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
                ignore_index: int, reduction: str, ce: Any, classes: int, grads: bool) -> tuple:
-    """``(loss in x's dtype, dlogits or None)`` of the head over all of ``x`` as one chunk on the Triton path: the
-    cross-entropy kernels' own reduction (the loss, and the mean's scale left in stats for the backward kernel; about
-    a third of the host time of :func:`_chunked`'s loop, which is what a call of a few hundred rows costs,
-    tune_lce.json). With ``grads``, the gradient of the loss (``grad_output`` 1) over the logits, written over them:
-    ``[rows, padded classes]`` in x's dtype, the padded columns 0."""
+    """``(loss in x's dtype, dlogits or None)`` of the head over all of ``x`` as one chunk. With ``grads``, dlogits is
+    the gradient of the loss (``grad_output`` 1) over the logits, ``[rows, padded classes]`` in x's dtype (the padded
+    columns 0). On the Triton path (``ce``) the cross-entropy kernels' own reduction computes the loss (and leaves the
+    mean's scale in stats for the backward kernel; about a third of the host time of :func:`_chunked`'s loop, which is
+    what a call of a few hundred rows costs, tune_lce.json) and dlogits is written over the logits; else
+    :func:`_torch_chunk`."""
     logits = torch.nn.functional.linear(x, weight, bias)
+    if ce is None:
+        valid = target != ignore_index
+        n_valid = valid.sum().to(torch.float32)
+        scale = 1.0 / n_valid.clamp(min=1) if reduction == "mean" and grads else None
+        loss, p = _torch_chunk(logits, target, valid, scale, grads)
+        loss = (loss / n_valid if reduction == "mean" else loss).to(x.dtype)
+        return loss, None if p is None else p.to(x.dtype)
     real = logits if classes == logits.shape[1] else logits[:, :classes]  # padded columns: 0
     _, t, stats = ce.ce_forward(real, target, ignore_index)
     loss = ce.ce_reduce(stats, t, reduction, x.dtype, ignore_index)
@@ -119,9 +145,9 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
     """``(loss in x's dtype, grad_x, grad_w, grad_b)`` of the head over ``x [rows, hidden]`` in chunks of
     ``rows_per_chunk`` rows, the gradients (of the loss itself, ``grad_output`` 1) computed where ``want``
     (``(x, weight, bias)`` flags) asks, else None. ``ce``: :func:`device_ce`'s module (the Triton chunk step) or
-    None (torch ops over a float32 copy). With ``ce``, ``weight`` (and ``bias``) may carry zero rows past the
-    ``classes`` real ones (:func:`padded_vocab`): the padded logits are exactly 0, the loss and its gradient read
-    the first ``classes`` columns only, and the padded rows' gradients are 0."""
+    None (torch ops over a float32 copy, :func:`_torch_chunk`). With ``ce``, ``weight`` (and ``bias``) may carry
+    zero rows past the ``classes`` real ones (:func:`padded_vocab`): the padded logits are exactly 0, the loss and
+    its gradient read the first ``classes`` columns only, and the padded rows' gradients are 0."""
     want_x, want_w, want_b = want
     n = x.shape[0]
     if ce is not None and n <= rows_per_chunk:
@@ -159,18 +185,10 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
                     grad_b += dl.float().sum(0)
             del logits
             continue
-        lf = logits.float()  # the same tensor for float32 inputs
-        lse = torch.logsumexp(lf, dim=-1)
-        safe = torch.where(vc, tc, torch.zeros_like(tc)).long()
-        picked = lf.gather(1, safe[:, None]).squeeze(1)
-        loss += ((lse - picked) * vc).sum()
+        chunk_loss, p = _torch_chunk(logits, tc, vc, scale, grads)
+        loss += chunk_loss
         if not grads:
             continue
-        p = lf.sub_(lse[:, None]).exp_()  # softmax, in place over the float32 logits
-        rows = torch.arange(end - start, device=p.device)
-        p[rows, safe] -= vc.to(p.dtype)
-        row_scale = vc.to(p.dtype) if scale is None else vc.to(p.dtype) * scale
-        p.mul_(row_scale[:, None])
         dl = p if p.dtype == x.dtype else p.to(x.dtype)
         if want_x:
             torch.mm(dl, weight, out=grad_x[start:end])
@@ -178,7 +196,7 @@ def _chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
             grad_w.addmm_(dl.t(), xc)
         if want_b:
             grad_b += p.sum(0)
-        del logits, lf, p, dl
+        del logits, p, dl
     if reduction == "mean":
         loss = loss / n_valid.to(torch.float32)
     return loss.to(x.dtype), grad_x, grad_w, grad_b
@@ -188,11 +206,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     """:func:`_chunked` with the gradients the graph needs computed in the forward; the backward scales them by
     grad_output (a 0-dim tensor of the loss's dtype, which the gradients share: no cast).
 
-    Except for a call of no more rows than ``hidden`` that is one chunk on the Triton path: its forward keeps the
+    Except for a call of no more rows than ``hidden`` that is one chunk: its forward keeps the
     logits' gradient (``[rows, classes]``, no larger than the ``[classes, hidden]`` weight gradient it would
     otherwise keep) and the backward scales that by grad_output and runs the two matmuls, as torch's unfused
-    backward does. Scaling a finished ``[classes, hidden]`` weight gradient was one more pass over it: at 8 x 768 x
-    50257 float32 that pass made the fused head 0.92x torch's forward + backward (reports/cuda/bench_kernels.json)."""
+    backward does, where scaling a finished ``[classes, hidden]`` weight gradient would be one more pass over it.
+    (Through ``hal.ops`` on CUDA such calls reach this only from ``kernels.TORCH_BELOW_LOGITS`` logits up, e.g. 334 to
+    768 rows of a 50257-class head at hidden 768; its GPU time there is not measured.)"""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
@@ -201,7 +220,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.want = want
         n, hidden = x.shape
-        if ce is not None and n <= rows_per_chunk and n <= hidden and any(want):
+        if n <= rows_per_chunk and n <= hidden and any(want):
             loss, dlogits = _one_chunk(x, weight, target, bias, ignore_index, reduction, ce, classes, True)
             ctx.save_for_backward(x, weight, dlogits)
             ctx.deferred = True
