@@ -16,7 +16,7 @@ from hal.conformance.precision.calibration import calibrate, op_verdict
 from hal.conformance.precision.drift import drift_stats
 from hal.conformance.precision.metrics import error_stats, sample_index, take_sample
 from hal.conformance.precision.shadow import Shadow
-from hal.conformance.precision.tracer import StepTracer
+from hal.conformance.precision.tracer import EXACT_CAST, StepTracer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -160,11 +160,15 @@ def test_large_casts_and_layer_norms_get_a_sampled_shadow():
         kind = want.get((r["phase"], r["op"], r["out_index"]))
         if kind is None or r["shape"] != [256, 512]:
             continue
+        if r["sampling"] == EXACT_CAST:  # float32 <- bfloat16 keeps every value: compared with itself, on its sample
+            assert r["op"] == "_to_copy" and r["dtype"] == "float32" and r["local"]["max_abs"] == 0, r
+            assert r["local"]["n"] == 512
+            continue
         assert r["shadow_error"] is None and r["sampling"].startswith(kind) and r["local"]["n"] == 512, r
         ref = f[(r["phase"], r["module"], r["op"], r["occurrence"], r["out_index"])]
         assert r["local"]["max_abs"] <= ref["local"]["max_abs"] * 1.0001 + 1e-12, (r["local"], ref["local"])
-        if r["local"]["max_abs"] > 0:  # not the exact float32 <- bfloat16 cast: a rounding the sample sees
-            seen.add((r["phase"], r["op"], r["dtype"]))
+        assert r["local"]["max_abs"] > 0  # a rounding the sample sees
+        seen.add((r["phase"], r["op"], r["dtype"]))
     assert seen == {("forward", "native_layer_norm", "float32"), ("backward", "native_layer_norm_backward", "float32"),
                     ("forward", "_to_copy", "bfloat16")}, seen
     # the bfloat16 round trip takes the float32 gradients and loss beyond float32's tolerance (a warning, rightly);

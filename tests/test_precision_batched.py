@@ -399,6 +399,45 @@ def test_outputs_nobody_writes_are_compared_in_place_not_copied():
     assert [r.op for r in tr.records] == ["addmm", "tanh"] and all(not r.local["exceeds"] for r in tr.records)
 
 
+class _Casts(torch.nn.Module):
+    """Autocast's two kinds of cast, by hand: a narrowing one (float32 to bfloat16: rounds) and widening ones
+    (bfloat16 to float32, float32 to float64: exact), then a cast in place of its output (``mul_``)."""
+
+    def forward(self, x):
+        low = x.to(torch.bfloat16)
+        back = low.to(torch.float32)
+        wide = back.to(torch.float64)
+        back.mul_(3.0)  # the program writes a widened output before the judging: its comparison keeps its value
+        return low, back, wide
+
+
+def test_exact_casts_are_compared_with_themselves_not_shadowed():
+    """A widening cast (or a same-dtype copy) keeps every value: its record is compared with itself (zero local
+    error, its own scale), no float64 shadow is planned for it; a narrowing cast is shadowed and shows its rounding."""
+    from hal.conformance.precision.tracer import EXACT_CAST, exact_cast
+    tr = StepTracer(_Casts(), "target", record_module_outputs=False)
+    x = torch.randn(64, 33) * 100
+    with torch.no_grad(), tr:
+        tr.model(x)
+        assert len(tr._jobs) == 1  # the narrowing cast's only
+    casts = [r for r in tr.records if r.op == "_to_copy"]
+    assert [(r.dtype, r.sampling == EXACT_CAST) for r in casts] == [("bfloat16", False), ("float32", True),
+                                                                    ("float64", True)]
+    narrow, widened, wider = casts
+    assert narrow.local["max_abs"] > 0 and not narrow.local["exceeds"]  # bfloat16's rounding, within its tolerance
+    for r in (widened, wider):
+        assert r.shadow_error is None and r.local["max_abs"] == 0 and r.local["n"] == 64 * 33
+        assert r.local["cosine"] == 1.0 and not r.local["exceeds"]
+    bf = x.to(torch.bfloat16).double()
+    assert widened.local["rms_ref"] == pytest.approx(float(bf.pow(2).mean().sqrt()), rel=1e-9)  # before the mul_
+    ops = torch.ops.aten
+    assert exact_cast(ops._to_copy.default, (torch.zeros(2, dtype=torch.float16),), torch.zeros(2))
+    assert exact_cast(ops._to_copy.default, (torch.zeros(2),), torch.zeros(2))  # a copy in its own dtype
+    assert not exact_cast(ops._to_copy.default, (torch.zeros(2),), torch.zeros(2, dtype=torch.float16))
+    assert not exact_cast(ops._to_copy.default, (torch.zeros(2, dtype=torch.int64),), torch.zeros(2))
+    assert not exact_cast(ops.clone.default, (torch.zeros(2),), torch.zeros(2))
+
+
 def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monkeypatch):
     assert float64_home(torch.device("cpu")) == torch.device("cpu")
     monkeypatch.setattr("hal.conformance.precision.shadow._HOMES", {})

@@ -47,7 +47,7 @@ from .calibration import calibrate, device_available
 from .drift import drift_stats
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, take_samples
 from .result import PrecisionResult
-from .tracer import OpRecord, StepTracer, Widen64Mode
+from .tracer import EXACT_CAST, OpRecord, StepTracer, Widen64Mode
 
 _REF_DEVICE = torch.device("cpu")
 
@@ -338,8 +338,9 @@ def _summary(rows, cache) -> Dict[str, Any]:
     return {"ops": len(ops), "shadowed": sum(1 for r in ops if r["local"] is not None),
             "shadow_failed": sum(1 for r in ops if r["shadow_error"]),
             "matched_reference": sum(1 for r in ops if r["total"] is not None),
-            "sampled": sum(1 for r in ops if r["sampling"] != "full"
+            "sampled": sum(1 for r in ops if r["sampling"] not in ("full", EXACT_CAST)
                            or (r["total"] is not None and r["total"]["n"] < math.prod(r["shape"]))),
+            "exact_casts": sum(1 for r in ops if r["sampling"] == EXACT_CAST),
             "modules": sum(1 for r in rows if r["kind"] == "module"),
             "gradients": sum(1 for r in rows if r["kind"] == "gradient"),
             "parameters": sum(1 for r in rows if r["kind"] == "parameter"),

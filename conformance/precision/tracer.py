@@ -45,6 +45,25 @@ _SKIP = {
     "_local_scalar_dense", "scalar_tensor", "arange", "randn", "rand", "normal_", "uniform_",
     "bernoulli_", "set_", "resize_", "_unsafe_view", "alias", "lift_fresh_copy",
 }
+#: (input dtype, output dtype) of the casts that are exact: every value of the input is a value of the output
+_WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
+             (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
+#: the sampling of an exact cast's record: its float64 value is its own, so no shadow runs (see :func:`exact_cast`)
+EXACT_CAST = "exact cast (its float64 value is its own: no shadow)"
+
+
+def exact_cast(func, args, out: torch.Tensor) -> bool:
+    """Whether ``func(*args)`` is a cast (``_to_copy``) that keeps every value: a float widened (float16 or bfloat16
+    to float32, any narrower float to float64) or copied in its own dtype (another device or layout). Its local
+    error is exactly 0 and its float64 reference is the output itself: autocast makes dozens a step (the gradients
+    of float16 computations going back to float32 parameters), and a float64 shadow of each would be planned, held,
+    stacked and compared for nothing."""
+    if func is not torch.ops.aten._to_copy.default or len(args) != 1 or not isinstance(args[0], torch.Tensor):
+        return False
+    src = args[0].dtype
+    return (src == out.dtype and args[0].is_floating_point()) or (src, out.dtype) in _WIDENING
+
+
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
@@ -555,7 +574,16 @@ class StepTracer(TorchDispatchMode):
                 self._pending.append((rec, "total", q))
                 if is_view:
                     self._hold(q, "target")
-        if func is not None and self.do_shadow:
+        if func is not None and self.do_shadow and exact_cast(func, args, t):
+            # the local comparison of the output with itself: zero error, with its own scale and count
+            rec.sampling = EXACT_CAST
+            tv, is_view = sampled_values(t, self.max_elements)
+            q = StatsRequest(tv, tv, t.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
+            self._pending.append((rec, "local", q))
+            if is_view:  # both sides alias the output: copied if the program writes it before the judging
+                self._hold(q, "target")
+                self._hold(q, "ref")
+        elif func is not None and self.do_shadow:
             try:
                 job = self.shadow.plan(func, args, kwargs, t, out_index)
             except Exception as exc:  # too large, and no sampled variant; record why
