@@ -5,10 +5,10 @@ gradient flowing into the sum), float32 and bfloat16 (``--ops`` picks).
 
 Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db), its dx row held in
 registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
-every (programs per SM, warps) in the grid below, and at 8192 and 16384 wide the fused plan with the row in 2 or 4
-column tiles read twice (``fused pP wW sS``: only the weight/bias accumulators stay row-wide in registers). (A fused plan with the bias gradient taken apart, as
-torch's column sum of dy, was tried at 2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart``
-plans.) Each plan's dx and dw are checked against the shipped plan's (relative error, field ``rel_err``).
+every (programs per SM, warps) in the grid below, and at 8192 and 16384 wide the fused plan with the row in
+2 or 4 column tiles read twice (``fused pP wW sS``: only the weight/bias accumulators stay row-wide in
+registers). (A fused plan with the bias gradient taken apart, as torch's column sum of dy, was tried at
+2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart`` plans.) Each plan's dx and dw are checked against the shipped plan's (relative error, field ``rel_err``).
 Timing: the GPU time of one call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the
 host enqueues, events around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
 ``torch.autograd.grad`` over a retained graph.
