@@ -95,6 +95,19 @@ def test_batched_statistics_match_the_definitions(monkeypatch, length_class):
     assert sorted(calls) == ([1, 1, 1, 1, 2] if length_class == 1 else [2, 4])
 
 
+def test_ulps_of_tiny_references_count_from_the_formats_smallest_normal():
+    """A reference below the target format's normal range (a float64 subnormal too) has the ULP of the format's
+    smallest normal: the error in ULPs stays finite (torch 2.4's ldexp made it inf for a subnormal reference)."""
+    r = torch.tensor([1e-310, 1e-300, 0.0, 3.0], dtype=torch.float64)
+    d = torch.tensor([2.0 ** -130, 2.0 ** -131, 0.0, 2.0 ** -6], dtype=torch.float64)
+    for dtype, bits, min_exp in ((torch.bfloat16, 7, -125), (torch.float16, 10, -13)):
+        s = error_stats_many([StatsRequest(r + d, r, dtype, 1e-3, 0.0, False)])[0]
+        ulps = [x / 2.0 ** (max(math.frexp(a if a > 0 else 1.0)[1] - 1, min_exp) - bits) for x, a in
+                zip(d.tolist(), r.tolist())]
+        assert s["ulp_max"] == pytest.approx(max(ulps), rel=1e-12) and math.isfinite(s["ulp_max"])
+        assert s["ulp_mean"] == pytest.approx(sum(ulps) / 4, rel=1e-12)
+
+
 @settings(max_examples=25, deadline=None)
 @given(_requests)
 def test_a_devices_queued_statistics_equal_the_cpus(reqs):
