@@ -756,6 +756,29 @@ def tuning_start(prog: str, doc: str, quick: tuple, argv=None,
     return args, Timer(dev, repeats=7), _liger(dev)
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b| / max |b|`` in float64 (a tuning plan's result against the reference plan's)."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def time_plans(run: Callable[[Any], Any], named_plans, error: Callable[[Any], float], timer: "Timer",
+               nbytes: Optional[int] = None) -> dict:
+    """The tuning scripts' plan loop: ``{name: {"us", "rel_err"[, "tbps"]}}`` for each ``(name, plan)``: ``run(plan)``'s
+    result checked by ``error`` (its relative error against the reference plan's), then its GPU time
+    (:meth:`Timer.device_time`); ``tbps`` when ``nbytes`` (the fewest bytes the op moves) is given. A plan that raises
+    gets ``{"error": "<type>: <message>"}`` instead: one failing plan must not lose the others."""
+    out: dict = {}
+    for name, plan in named_plans:
+        try:
+            err = error(run(plan))
+            us = timer.device_time(lambda _p=plan: run(_p))
+            out[name] = {"us": us, "rel_err": err, **({} if nbytes is None else {"tbps": nbytes / us / 1e6})}
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return out
+
+
 def candidates(plans: dict, rel_err_ok: float) -> dict:
     """``{plan name: us}`` of a tuning case's plans that ran (``us``) and agree with the reference plan
     (``rel_err`` under ``rel_err_ok``)."""

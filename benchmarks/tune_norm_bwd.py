@@ -8,10 +8,10 @@ registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel ove
 every (programs per SM, warps) in the grid below, and at 8192 and 16384 wide the fused plan with the row in
 2 or 4 column tiles read twice (``fused pP wW sS``: only the weight/bias accumulators stay row-wide in
 registers). (A fused plan with the bias gradient taken apart, as torch's column sum of dy, was tried at
-2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart`` plans.) Each plan's dx and dw are checked against the shipped plan's (relative error, field ``rel_err``).
-Timing: the GPU time of one call (bench_kernels' ``device`` timing: L2 flushed, the GPU held busy while the
-host enqueues, events around the call, median of the repeats); ours is ``norm_backward`` itself, torch's and Liger's are
-``torch.autograd.grad`` over a retained graph.
+2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart`` plans.) Each plan's dx and dw are checked
+against the shipped plan's (relative error, field ``rel_err``). Timing: the GPU time of one call (bench_kernels'
+``device`` timing: L2 flushed, the GPU held busy while the host enqueues, events around the call, median of the
+repeats); ours is ``norm_backward`` itself, torch's and Liger's are ``torch.autograd.grad`` over a retained graph.
 
 Prints, per (op, dtype, shape), the best plan against torch, Liger and the shipped plan
 (``norms.bwd_plan``, column ``shipped``), and per (op, dtype, row block) the plan with the lowest
@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import _write, candidates, environment, geomean_choice, tuning_start
+from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
 
 from hal.backend import dtype_name
 
@@ -66,11 +66,6 @@ def plans(n: int) -> list[tuple[str, object]]:
         out += [norms.BwdPlan(True, block, True, w, p, s) for s in SPLITS for w in WARPS.get(block, (8,))
                 for p in SPLIT_PROGRAMS_PER_SM]
     return [("two-stage" if i == 0 else plan.name, plan) for i, plan in enumerate(out)]
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def main(argv=None) -> int:
@@ -141,14 +136,8 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
               else LF.liger_rms_norm(leaves[0], leaves[1], 1e-6) if is_rms
               else LF.liger_layer_norm(leaves[0], leaves[1], leaves[2], 1e-6))
         rec["liger_us"] = timer.device_time(grad_of(yl, leaves))
-    rec["plans"] = {}
-    for name, plan in plans(n):
-        try:
-            got = ours(plan)
-            err = max(rel_err(got[0], ref[0]), rel_err(got[1], ref[1]))
-            rec["plans"][name] = {"us": timer.device_time(lambda _p=plan: ours(_p)), "rel_err": err}
-        except Exception as exc:  # one failing plan must not lose the others
-            rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    rec["plans"] = time_plans(ours, plans(n), lambda got: max(rel_err(got[0], ref[0]), rel_err(got[1], ref[1])),
+                              timer)
     ok = candidates(rec["plans"], REL_ERR_OK)
     if not ok:
         raise RuntimeError(f"{op} {rec['dtype']} {m}x{n}: no plan ran within {REL_ERR_OK:.0%} of the shipped plan's result: "

@@ -21,7 +21,7 @@ import json
 import sys
 
 import torch
-from bench_kernels import _write, candidates, environment, geomean_choice, tuning_start
+from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
 
 from hal.backend import dtype_name
 
@@ -64,18 +64,9 @@ def case(direction: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
             la, lb = a.requires_grad_(), b.requires_grad_()
             yl = LF.liger_swiglu(la, lb)
             rec["liger_us"] = timer.device_time(lambda: torch.autograd.grad(yl, [la, lb], dy.clone(), retain_graph=True))
-    ref = ours().double()
-    rec["plans"] = {}
-    for block in BLOCKS:
-        for w in WARPS:
-            name = f"b{block} w{w}"
-            try:
-                got = ours((block, w)).double()
-                err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-                us = timer.device_time(lambda _p=(block, w): ours(_p))
-                rec["plans"][name] = {"us": us, "rel_err": err, "tbps": rec["bytes"] / us / 1e6}
-            except Exception as exc:  # one failing plan must not lose the others
-                rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    ref = ours()
+    rec["plans"] = time_plans(ours, [(f"b{block} w{w}", (block, w)) for block in BLOCKS for w in WARPS],
+                              lambda got: rel_err(got, ref), timer, rec["bytes"])
     ok = candidates(rec["plans"], REL_ERR_OK)
     rec["best"] = min(ok, key=ok.get) if ok else None
     block, w = sm._plan(d)

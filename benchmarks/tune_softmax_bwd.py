@@ -21,7 +21,7 @@ import json
 import sys
 
 import torch
-from bench_kernels import _write, candidates, environment, geomean_choice, tuning_start
+from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
 
 from hal.backend import dtype_name
 
@@ -61,16 +61,8 @@ def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:
     if LF is not None and not log:
         yl = LF.liger_softmax(leaf)
         rec["liger_us"] = timer.device_time(lambda: torch.autograd.grad(yl, [leaf], dy.clone(), retain_graph=True))
-    ref = ours(plans(n)[0][1]).double()
-    rec["plans"] = {}
-    for name, plan in plans(n):
-        try:
-            got = ours(plan).double()
-            err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-            us = timer.device_time(lambda _p=plan: ours(_p))
-            rec["plans"][name] = {"us": us, "rel_err": err, "tbps": rec["bytes"] / us / 1e6}
-        except Exception as exc:  # one failing plan must not lose the others
-            rec["plans"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    ref = ours(plans(n)[0][1])
+    rec["plans"] = time_plans(ours, plans(n), lambda got: rel_err(got, ref), timer, rec["bytes"])
     ok = candidates(rec["plans"], REL_ERR_OK)
     rec["best"] = min(ok, key=ok.get) if ok else None
     rec["shipped"] = list(sx.bwd_plan(n))
