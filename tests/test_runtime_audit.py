@@ -139,8 +139,15 @@ def test_failing_programs_become_run_status(script, status, error_part):
 
 def test_forked_workers_exiting_with_os_exit_do_not_report_for_the_program():
     s = audit("forked_workers.py")
-    assert s["run"]["status"] == "ok" and s["run"]["error"] is None, s["run"]
-    assert s["run"]["output_tail"][-1] == "program finished"
+    assert s["run"]["status"] == "ok" and s["run"]["error"] is None, (s["run"]["error"], s["run"]["output_tail"])
+    assert s["run"]["output_tail"][-1] == "program finished", s["run"]["output_tail"]
+
+
+def test_forked_children_get_the_programs_sigterm_disposition_not_the_audits():
+    # with the audit's Python handler a worker could miss Pool.terminate's SIGTERM and hang the pool
+    s = audit("forked_sigterm.py")
+    assert s["run"]["status"] == "ok", s["run"]
+    assert s["run"]["output_tail"] == ["default SIG_DFL", "own programs_own_handler", "program finished"]
 
 
 def test_hang_is_stopped_by_timeout_and_leaves_no_process():

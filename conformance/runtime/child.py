@@ -324,7 +324,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         real_exit(124)
 
     signal.signal(signal.SIGTERM, on_term)
-    _guard_sigterm(on_term)
+    _guard_sigterm()
 
     def audited_exit(code: int) -> None:
         try:
@@ -412,12 +412,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def _guard_sigterm(handler: Any) -> None:
+def _guard_sigterm() -> None:
     """Keep the audit's SIGTERM handler (it writes the partial result at the timeout) when the program
     installs its own or ignores SIGTERM: ``signal.signal(SIGTERM, x)`` then records ``x`` as the
-    program's and answers as if it had been set; the audit's handler stays in place."""
+    program's and answers as if it had been set; the audit's handler stays in place.
+
+    A process the program forks (``multiprocessing``'s fork start method, DataLoader workers) gets
+    the program's disposition back (SIG_DFL unless the program set one): such a worker never writes
+    the result, and the audit's Python-level handler could lose the SIGTERM that ``Pool.terminate``
+    sends it when the signal lands just before the worker blocks in ``sem_wait`` on the queue lock the
+    pool holds; the pool then waits for that worker forever (docs/runtime-audit.md, Limits)."""
     real_signal = signal.signal
     program_handler: list = [signal.SIG_DFL]
+
+    def restore_in_forked_child() -> None:
+        try:
+            real_signal(signal.SIGTERM, program_handler[0])
+        except (ValueError, TypeError, OSError):  # never disturb the fork
+            pass
+
+    os.register_at_fork(after_in_child=restore_in_forked_child)
 
     def audited_signal(signum: Any, action: Any) -> Any:
         if signum == signal.SIGTERM and os.getpid() == _CHILD_PID[0]:
