@@ -115,6 +115,9 @@ SHAPES: dict[str, dict] = {
     "reports/collectives/soak-*.json": _req("command", "torch", "runs", "summary", runs={"type": "array"}),
     "reports/startup/bench_startup-*.json": _req("label", "environment", "results", "failures"),
     "reports/corpus/corpus.json": _req("meta", "results", results={"type": "array"}),
+    # benchmarks/corpus.py --all-under: every program on one torch (2.4.1, torch_mlu r2.4's)
+    "reports/corpus/corpus-torch24.json": _req("meta", "results", results={"type": "array", "items": _req(
+        "program", "torch", "exit", "status", "cause")}),
     # benchmarks/corpus.py --sections: --precision --profile on the public programs
     "reports/corpus/sections.json": _req("meta", "results", results={"type": "array", "items": _req(
         "program", "commit", "exit", "precision", "profile")}),
