@@ -331,7 +331,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hal-corpus-") as d:
         for entry in progs:
             kind, why = RUNS_UNDER.get(entry[0], (None, "")) if not a.all_under else (None, "")
-            python = os.path.abspath(a.all_under) if a.all_under else (pythons.get(kind, sys.executable) if kind else sys.executable)
+            python = pythons.get(kind, sys.executable) if kind else sys.executable
+            if a.all_under:
+                python = os.path.abspath(a.all_under)
             if kind and kind not in pythons:
                 print(f"{entry[0]}: no {kind} interpreter (--python {kind}=PATH); using {sys.executable}", flush=True)
             if a.sections and entry[0] in SECTION_ARGS:
