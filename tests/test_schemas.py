@@ -121,6 +121,8 @@ SHAPES: dict[str, dict] = {
     # benchmarks/corpus.py --sections: --precision --profile on the public programs
     "reports/corpus/sections.json": _req("meta", "results", results={"type": "array", "items": _req(
         "program", "commit", "exit", "precision", "profile")}),
+    "reports/corpus/sections-torch24.json": _req("meta", "results", results={"type": "array", "items": _req(
+        "program", "commit", "exit", "precision", "profile")}),
     "reports/mutation.json": _req("method", "mutations", "caught", "survived", "score_pct", "results"),
     # `hal matrix --diff OLD NEW --format json`
     "reports/matrix/diff-*.json": {"type": "array", "items": _req("cell", "change", change={
