@@ -141,6 +141,9 @@ PROGRAMS = [
     ("examples vae", "examples", "vae", "main.py", ["--epochs", "1"], _mnist_data, 2, {}),
     ("examples imagenet (--dummy)", "examples", "imagenet", "main.py",
      ["--dummy", "-a", "resnet18", "-b", "2", "--epochs", "1", "--workers", "0"], None, 2, {}),
+    # trains in two plain mp.Process workers (spawn start method), each redirected and audited
+    ("examples mnist_hogwild (2 spawn processes)", "examples", "mnist_hogwild", "main.py",
+     ["--epochs", "1", "--dry-run", "--num-processes", "2", "--cuda"], _mnist_data, 2, {}),
     ("llm.c train_gpt2.py (d12 random init)", "llm.c", ".", "train_gpt2.py",
      ["--model", "d12", "--write_tensors", "0", "--num_iterations", "3", "--batch_size", "1",
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
@@ -167,7 +170,8 @@ RUNS_UNDER = {
                     "2.13's CPU build fails to register its C++ ops (torchvision::nms); these rows ran under torch "
                     "2.14.1 + torchvision 0.29.1, except dcgan's sections row (2.4.1 + 0.19.1; mnist, vae and "
                     "imagenet call torch.accelerator, which torch 2.4 lacks, without the audit too)")
-       for name in ("examples mnist", "examples dcgan", "examples vae", "examples imagenet (--dummy)")},
+       for name in ("examples mnist", "examples dcgan", "examples vae", "examples imagenet (--dummy)",
+                    "examples mnist_hogwild (2 spawn processes)")},
     "examples time_sequence_prediction": (
         "t24", "its torch.load of a pickled numpy array fails on torch >= 2.6 (weights_only=True by default) "
                "without the audit too; torch 2.4.1 is the torch torch_mlu users run"),
@@ -233,6 +237,8 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
     return {**row, "exit": p.returncode, "status": run.get("status", "-"), "stopped_by": run.get("stopped_by"),
             "ops": len(report.get("ops") or []), "seconds": seconds, "error": error, "cause": cause,
             "runtime_findings": sum(1 for f in report.get("findings") or [] if f.get("rule", "").startswith("runtime-")),
+            "workers": [{k: w.get(k) for k in ("rank", "process", "status", "steps", "error")}
+                        for w in run.get("spawned") or []],
             "command": " ".join(["hal-audit", *cmd[1:]]),
             **(section_fields(report) if sections else {}),
             **({"plain_exit": plain["exit"], "plain_error": plain["error"]} if plain else {})}

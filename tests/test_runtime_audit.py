@@ -289,3 +289,25 @@ def test_contract_mlu_fallback_warnings_on_a_cpu_run_are_not_measurements():
     ops = _by_op(s)
     assert ops["aten::mode"][0]["status"] == "native" and ops["aten::mode"][0]["verified"] is True
     assert ops["aten::addmm"][0]["status"] == "native" and ops["aten::addmm"][0]["verified"] is True
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_plain_spawn_processes_run_redirected_and_audited(fail):
+    # pytorch/examples mnist_hogwild trains in mp.Process workers with the spawn start method: without the
+    # audit's wrapper they start with no redirect and fail at their first CUDA call, and their ops are missed
+    from hal.conformance.report.digest import _run_line
+    s = audit("spawned_processes.py", args=["fail"] if fail else [], timeout=120)
+    run = s["run"]
+    assert run["status"] == "ok", run
+    workers = run["spawned"]
+    assert sorted(w["process"] for w in workers) == ["Process-1", "Process-2"] and all(w["rank"] is None for w in workers)
+    trained = [line for line in run["output_tail"] if line.startswith("worker ")]
+    assert "worker 0 trained on cpu" in trained
+    assert _by_op(s)["aten::gelu"][0]["count"] == 2  # each worker's two forward passes (the largest of any process)
+    by_status = sorted((w["status"], w["optimizer_steps"]) for w in workers)
+    if fail:
+        assert by_status == [("error", 0), ("ok", 2)] and run["output_tail"][-1] == "exit codes [0, 1]"
+        assert "2 worker processes audited, 1 failed (Process-2: ValueError: worker 1 failed on purpose)" in _run_line(s)
+    else:
+        assert by_status == [("ok", 2), ("ok", 2)] and "worker 1 trained on cpu" in trained
+        assert _run_line(s).endswith("; 2 worker processes audited")

@@ -198,6 +198,14 @@ def _run_line(report: dict) -> str:
     line = ", ".join(bits)
     if run.get("error"):
         line += f": {run['error']}"
+    workers = run.get("spawned") or []
+    if workers:
+        failed = [w for w in workers if w.get("status") not in (None, "ok")]
+        line += f"; {len(workers)} worker process{'es' if len(workers) != 1 else ''} audited"
+        if failed:  # a program need not check its workers' exit codes: say it here, not only in audit.json
+            w = failed[0]
+            line += (f", {len(failed)} failed ({w.get('process') or 'rank ' + str(w.get('rank'))}: "
+                     f"{w.get('error') or w.get('status')})")
     return line
 
 

@@ -1,4 +1,5 @@
-"""Processes a program starts with ``torch.multiprocessing.spawn`` / ``start_processes`` run audited too.
+"""Processes a program starts with ``torch.multiprocessing.spawn`` / ``start_processes``, or as plain
+``multiprocessing`` processes with the spawn or forkserver start method, run audited too.
 
 The DDP tutorials (pytorch/examples distributed/ddp-tutorial-series/multigpu.py) do all their work in
 ``mp.spawn`` workers: fresh interpreters that import the program again. :func:`install` (in the
@@ -27,8 +28,12 @@ own), rank 0 alone the profile's; rank 0 adds their results to its file.
   steps, optimizer steps, backward passes and ``stopped_by`` come from the workers when the audited
   process took no step itself, and so do the sections (``precision_run``, ``profile_run``: rank 0's).
 
-Forked workers (``multiprocessing`` with the fork start method, DataLoader workers) are not covered:
-they share the audited process's hooks and never report (see :mod:`.child`).
+Plain ``multiprocessing`` processes that start a fresh interpreter (``mp.set_start_method("spawn")`` then
+``mp.Process(target=train, ...)``, as pytorch/examples mnist_hogwild does) get the same wrapper, without a rank
+and without section hooks (:func:`_install_process_start`); their entries in ``run.spawned`` name the process.
+Not covered: forked workers (``multiprocessing`` with the fork start method, DataLoader workers), which share
+the audited process's hooks and never report (see :mod:`.child`); DataLoader workers of any start method;
+``Process`` subclasses that override ``run``.
 """
 from __future__ import annotations
 
@@ -46,12 +51,15 @@ class SpawnedWorker:
     """Picklable wrapper: ``fn(i, *args)`` in a spawned process, audited like the child itself.
 
     ``config``: ``run_device``, ``redirect_cuda``, ``steps``, ``eval_loop_seconds``, ``threads``, ``folder``
-    (where the worker writes its result) and ``section_spec`` (the child's spec, when it has section hooks)."""
+    (where the worker writes its result) and ``section_spec`` (the child's spec, when it has section hooks).
+    ``ranked=False``: the target of a plain ``multiprocessing`` process (``fn(*args, **kwargs)``, no rank; no
+    section hooks: the sections follow the audited process and ``mp.spawn`` ranks only); its result names the
+    process (``process``: its name) and has rank None."""
 
-    def __init__(self, fn: Callable[..., Any], config: dict) -> None:
-        self.fn, self.config = fn, dict(config)
+    def __init__(self, fn: Callable[..., Any], config: dict, ranked: bool = True) -> None:
+        self.fn, self.config, self.ranked = fn, dict(config), ranked
 
-    def __call__(self, rank: int, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
         from hal.conformance.runtime import process_groups
@@ -60,6 +68,7 @@ class SpawnedWorker:
         from hal.conformance.runtime.sections import hook_results, install_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
         cfg = self.config
+        rank = args[0] if self.ranked else None
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
         modules = ModuleTracker()
@@ -72,7 +81,7 @@ class SpawnedWorker:
             redirect = DeviceRedirect(cfg["run_device"])
         status, error = "ok", None
         active = False
-        section_spec = _rank_sections(cfg.get("section_spec"), rank)
+        section_spec = _rank_sections(cfg.get("section_spec"), rank) if self.ranked else None
         hooks: list = []
         group_patches: list = []
         try:
@@ -89,7 +98,7 @@ class SpawnedWorker:
             rebind(self.fn, group_patches)
             capture.__enter__()
             active = True
-            out = self.fn(rank, *args)
+            out = self.fn(*args, **kwargs)
         except StopAudit:
             out = None
         except SystemExit as exc:
@@ -106,7 +115,9 @@ class SpawnedWorker:
                 except Exception:
                     pass
             process_groups.remove(group_patches)  # the program's destroyed groups go before the sections' results
+            import multiprocessing
             result = {"rank": rank, "pid": os.getpid(),
+                      **({} if self.ranked else {"process": multiprocessing.current_process().name}),
                       "run": {"status": status, "error": error, "steps": limiter.steps,
                               "optimizer_steps": limiter.optimizer_steps, "backward_passes": limiter.backward_passes,
                               "stopped_by": limiter.stopped_by},
@@ -152,10 +163,46 @@ def _write(path: str, data: dict) -> None:
         traceback.print_exc(file=sys.__stderr__)
 
 
+#: targets of processes :func:`install` leaves alone: ``mp.spawn``'s own wrapper (its function is wrapped already)
+#: and DataLoader workers (they load data on the host; the fork start method's are not audited either)
+_NOT_WRAPPED = ("torch.multiprocessing.spawn", "torch.utils.data._utils.worker")
+
+
+def _spawns(process: Any) -> bool:
+    """Whether ``process`` (a ``multiprocessing`` process about to start) starts a fresh interpreter (the spawn
+    or forkserver start method: it inherits none of the audit's hooks), without fixing the program's start method
+    (asking ``get_start_method()`` would: a later ``set_start_method`` of the program would then raise)."""
+    import multiprocessing.context as ctx
+    method = getattr(process, "_start_method", None)
+    if method is None:
+        default = ctx._default_context
+        method = getattr(default._actual_context or default._default_context, "_name", None)
+    return method in ("spawn", "forkserver")
+
+
+def _install_process_start(config: dict) -> list[tuple[Any, str, Any]]:
+    """Wrap the target of every plain ``multiprocessing`` process that starts a fresh interpreter (see
+    :func:`_spawns`; pytorch/examples mnist_hogwild trains in such processes) in an unranked
+    :class:`SpawnedWorker`. A subclass that overrides ``run`` (no target) is left as it is."""
+    import multiprocessing.process as mpp
+    real_start = mpp.BaseProcess.start
+
+    def start(self: Any) -> None:
+        target = getattr(self, "_target", None)
+        if target is not None and not isinstance(target, SpawnedWorker) and type(self).run is mpp.BaseProcess.run \
+                and getattr(target, "__module__", None) not in _NOT_WRAPPED and _spawns(self):
+            self._target = SpawnedWorker(target, config, ranked=False)
+        return real_start(self)
+
+    mpp.BaseProcess.start = start  # type: ignore[method-assign]
+    return [(mpp.BaseProcess, "start", real_start)]
+
+
 def install(config: dict) -> list[tuple[Any, str, Any]]:
     """Wrap the function of every ``torch.multiprocessing`` ``start_processes``/``spawn`` call in a
-    :class:`SpawnedWorker` (``config`` as there). Returns the patches, for :func:`remove`."""
-    saved: list[tuple[Any, str, Any]] = []
+    :class:`SpawnedWorker` (``config`` as there), and the target of every plain ``multiprocessing`` process
+    started with the spawn or forkserver method in an unranked one. Returns the patches, for :func:`remove`."""
+    saved: list[tuple[Any, str, Any]] = _install_process_start(config)
     mod = sys.modules.get("torch.multiprocessing.spawn")
     if mod is None or not hasattr(mod, "start_processes"):
         return saved
@@ -186,7 +233,7 @@ def read(folder: str) -> list[dict]:
                 out.append(json.load(f))
         except (OSError, ValueError):
             continue
-    return sorted(out, key=lambda r: (r.get("rank", 0), r.get("pid", 0)))
+    return sorted(out, key=lambda r: (-1 if r.get("rank") is None else r["rank"], r.get("pid", 0)))
 
 
 def merge(result: dict, workers: list[dict]) -> dict:
@@ -217,7 +264,8 @@ def merge(result: dict, workers: list[dict]) -> dict:
         else:
             findings[key] = dict(f)
     run = dict(result.get("run") or {})
-    run["spawned"] = [{"rank": w.get("rank"), "pid": w.get("pid"), **{k: (w.get("run") or {}).get(k) for k in
+    run["spawned"] = [{"rank": w.get("rank"), "pid": w.get("pid"), **({"process": w["process"]} if "process" in w else {}),
+                       **{k: (w.get("run") or {}).get(k) for k in
                        ("status", "steps", "optimizer_steps", "backward_passes", "stopped_by", "error")}}
                       for w in workers]
     if not run.get("steps"):
