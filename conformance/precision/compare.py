@@ -280,6 +280,7 @@ def _compare_sides(target: _Side, ref: _Side, batches: Callable[[int], Tuple[Any
     ref_tracer = StepTracer(ref.model, "reference", max_elements=max_elements, sample=sample)
     ref_loss = _traced_step(ref, rb, ref_tracer)
     tgt_tracer = StepTracer(target.model, "target", reference_samples=ref_tracer.samples,
+                            reference_shapes=ref_tracer.sample_shapes,
                             shadow=shadow, max_elements=max_elements, sample=sample,
                             compute_dtype=compute_dtype)
     tgt_loss = _traced_step(target, tb, tgt_tracer)

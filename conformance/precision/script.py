@@ -687,8 +687,9 @@ class ProgramPrecision:
         """Enter the run's tracer (once); ``recording`` says whether it records from now on."""
         if self.tracer is None:
             samples = (self.ref or {}).get("samples") if self.role == "target" and self.ref_usable else None
-            self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, shadow=self.role == "target",
-                                         max_elements=SCRIPT_MAX_ELEMENTS)
+            shapes = (self.ref or {}).get("shapes") if samples is not None else None
+            self.tracer = _ProgramTracer(self, self.role, reference_samples=samples, reference_shapes=shapes,
+                                         shadow=self.role == "target", max_elements=SCRIPT_MAX_ELEMENTS)
             self.tracer.__enter__()
             self.mode_active = True
         self.tracer.recording = recording
@@ -834,6 +835,7 @@ class ProgramPrecision:
         tmp = self.samples_path + ".tmp"
         with self._internal():
             torch.save({"samples": self.tracer.samples if self.tracer is not None else {},
+                        "shapes": self.tracer.sample_shapes if self.tracer is not None else {},
                         "grads": self.grads, "params": self.params, "grads_at_backward": self.grads_at_backward,
                         "init_fp": self.init_fp, "input_fps": self.input_fps, "truncated": self.truncated,
                         "sample_shapes": sorted(self.sample_shapes),

@@ -235,7 +235,7 @@ class StepTracer(TorchDispatchMode):
     (the reference tracer's :attr:`samples`) and, if ``shadow``, shadows each op in float64.
     """
 
-    def __init__(self, model: torch.nn.Module, role: str, *, reference_samples=None,
+    def __init__(self, model: torch.nn.Module, role: str, *, reference_samples=None, reference_shapes=None,
                  shadow: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS,
                  sample: bool = True, record_module_outputs: bool = True,
                  compute_dtype: Optional[torch.dtype] = None, cache_bytes: int = 1 << 30,
@@ -246,6 +246,10 @@ class StepTracer(TorchDispatchMode):
         self.model = model
         self.role = role
         self.samples: Dict[tuple, torch.Tensor] = {} if reference_samples is None else reference_samples
+        #: the shape of the output each sample came from, by key (the reference records it; the target compares an
+        #: output only with a sample of its own shape: two outputs of one key can differ in shape when the runs take
+        #: different kernels, and a large one's sample has as many elements as a small one's whole)
+        self.sample_shapes: Dict[tuple, Tuple[int, ...]] = {} if reference_shapes is None else reference_shapes
         self.do_shadow = shadow and role == "target"
         self.shadow = Shadow(max_elements, cache_bytes=cache_bytes, sample=sample) if self.do_shadow else None
         self.max_elements = max_elements if sample else 1 << 62
@@ -540,6 +544,7 @@ class StepTracer(TorchDispatchMode):
         key = (phase, module, op, occ, out_index)
         if self.role == "reference":
             self.samples[key] = take_sample(t, self.max_elements)
+            self.sample_shapes[key] = tuple(t.shape)
             self._producer[id(t)] = (weakref.ref(t), -1)  # for produced(); no record to blame here
             return
         # K only means something for a reduction (an embedding's "K" was its table over its output)
@@ -567,7 +572,7 @@ class StepTracer(TorchDispatchMode):
                        tuple(t.shape), kind=kind, threshold=thr, eff_dtype=eff_dtype,
                        total_threshold=tthr)
         ref = self.samples.get(key)
-        if ref is not None:
+        if ref is not None and self.sample_shapes.get(key, rec.shape) == rec.shape:
             tv, is_view = sampled_values(t, self.max_elements)
             if tv.numel() == ref.numel():
                 q = StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"], True, "aggregate")
