@@ -311,3 +311,9 @@ def test_plain_spawn_processes_run_redirected_and_audited(fail):
     else:
         assert by_status == [("ok", 2), ("ok", 2)] and "worker 1 trained on cpu" in trained
         assert _run_line(s).endswith("; 2 worker processes audited")
+
+
+def test_a_spawn_pools_tasks_are_not_cut_by_the_step_bound():
+    s = audit("spawn_pool_train.py", steps=1, timeout=90)
+    assert s["run"]["status"] == "ok" and "trained [True, True, True, True]" in s["run"]["output_tail"], s["run"]
+    assert not s["run"].get("spawned")

@@ -32,8 +32,8 @@ Plain ``multiprocessing`` processes that start a fresh interpreter (``mp.set_sta
 ``mp.Process(target=train, ...)``, as pytorch/examples mnist_hogwild does) get the same wrapper, without a rank
 and without section hooks (:func:`_install_process_start`); their entries in ``run.spawned`` name the process.
 Not covered: forked workers (``multiprocessing`` with the fork start method, DataLoader workers), which share
-the audited process's hooks and never report (see :mod:`.child`); DataLoader workers of any start method;
-``Process`` subclasses that override ``run``.
+the audited process's hooks and never report (see :mod:`.child`); DataLoader workers and process pools
+(``Pool``, ``ProcessPoolExecutor``) of any start method; ``Process`` subclasses that override ``run``.
 """
 from __future__ import annotations
 
@@ -163,9 +163,12 @@ def _write(path: str, data: dict) -> None:
         traceback.print_exc(file=sys.__stderr__)
 
 
-#: targets of processes :func:`install` leaves alone: ``mp.spawn``'s own wrapper (its function is wrapped already)
-#: and DataLoader workers (they load data on the host; the fork start method's are not audited either)
-_NOT_WRAPPED = ("torch.multiprocessing.spawn", "torch.utils.data._utils.worker")
+#: targets of processes :func:`install` leaves alone: ``mp.spawn``'s own wrapper (its function is wrapped already),
+#: DataLoader workers (they load data on the host; the fork start method's are not audited either) and the task
+#: loops of process pools (``Pool``, ``ProcessPoolExecutor``: the step bound's stop inside a task would end the
+#: worker, not the task, and the pool would wait for its result)
+_NOT_WRAPPED = ("torch.multiprocessing.spawn", "torch.utils.data._utils.worker", "multiprocessing.pool",
+                "concurrent.futures.process")
 
 
 def _spawns(process: Any) -> bool:
