@@ -275,8 +275,6 @@ class _ProgramTracer(StepTracer):
                 self.owner.truncated = True
                 return
             self.owner.sample_bytes += min(t.numel(), self.max_elements) * 8
-            if t.numel() > self.max_elements:
-                self.owner.sample_shapes.add(tuple(t.shape))
         super()._observe(phase, module, op, t, out_index, **kw)
         if self.role == "target" and len(self.records) >= MAX_RECORDS:
             self.owner.truncated = True
@@ -329,9 +327,6 @@ class ProgramPrecision:
         self.modules = modules
         self.truncated = False
         self.sample_bytes = 0
-        #: the reference's: the shapes of the outputs it sampled, whose sample positions the target puts on its
-        #: device before the window (:meth:`_prepare_statistics`)
-        self.sample_shapes: set = set()
         #: optimizer steps in progress (a step(closure) runs the program's forward and backward inside it), and the
         #: optimizer of the latest
         self._stepping = 0
@@ -415,7 +410,9 @@ class ProgramPrecision:
         keys = [k for k, v in (samples or {}).items() if v.device != home and v.dtype == torch.float64]
         with self._internal():
             warm_statistics(home)
-            for shape in (self.ref or {}).get("sample_shapes", ()) if samples else ():
+            # the shapes of the outputs the reference sampled (more elements than a sample): their sample positions
+            for shape in sorted({s for s in ((self.ref or {}).get("shapes") or {}).values()
+                                 if math.prod(s) > SCRIPT_MAX_ELEMENTS}) if samples else ():
                 sample_flat_index_on(tuple(shape), SCRIPT_MAX_ELEMENTS, first.device)
             if home.type == "cpu" or not keys:
                 return
@@ -838,7 +835,6 @@ class ProgramPrecision:
                         "shapes": self.tracer.sample_shapes if self.tracer is not None else {},
                         "grads": self.grads, "params": self.params, "grads_at_backward": self.grads_at_backward,
                         "init_fp": self.init_fp, "input_fps": self.input_fps, "truncated": self.truncated,
-                        "sample_shapes": sorted(self.sample_shapes),
                         "closed_by": self.closed_by, "skipped_step": self.skipped_step}, tmp)
         os.replace(tmp, self.samples_path)
 
