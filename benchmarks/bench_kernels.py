@@ -756,6 +756,30 @@ def tuning_start(prog: str, doc: str, quick: tuple, argv=None,
     return args, Timer(dev, repeats=7), _liger(dev)
 
 
+def tuning_cases(args: argparse.Namespace, shapes, variants, case: Callable[..., dict], timer: "Timer", liger: Any):
+    """The tuning scripts' case loop: for each dtype of ``--dtypes``, shape ``(m, n)`` of ``shapes`` and variant (an
+    op or a direction), yields ``(dtype name, m, n, variant, record)`` with ``record = case(variant, dtype, m, n,
+    timer, liger)``; when the caller is done with it, prints the record's JSON line (its plans left out) and frees
+    the CUDA cache before the next case."""
+    for dn in args.dtypes.split(","):
+        dtype = getattr(torch, dn)
+        for m, n in shapes:
+            for variant in variants:
+                rec = case(variant, dtype, m, n, timer, liger)
+                yield dn, m, n, variant, rec
+                print(json.dumps({k: v for k, v in rec.items() if k != "plans"}), flush=True)
+                torch.cuda.empty_cache()
+
+
+def tuning_end(args: argparse.Namespace, timer: "Timer", rows: list, tuned: dict, label: str) -> int:
+    """The tuning scripts' end: prints ``label: <tuned as JSON>`` and writes ``--json`` (environment, timing, the
+    case records, the choice). Returns exit status 0."""
+    print(f"{label}:", json.dumps(tuned))
+    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
+                       "timing)", "rows": rows, "tuned": tuned})
+    return 0
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """``max |a - b| / max |b|`` in float64 (a tuning plan's result against the reference plan's)."""
     a, b = a.double(), b.double()

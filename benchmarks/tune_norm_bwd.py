@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
+from bench_kernels import candidates, geomean_choice, rel_err, time_plans, tuning_cases, tuning_end, tuning_start
 
 from hal.backend import dtype_name
 
@@ -81,25 +81,16 @@ def main(argv=None) -> int:
 
     rows_out: list[dict] = []
     summary = []
-    for dn in args.dtypes.split(","):
-        dtype = getattr(torch, dn)
-        for m, n in [(m, n) for m, n in (QUICK if args.quick else SHAPES) if not widths or n in widths]:
-            for op in args.ops.split(","):
-                rec = case(op, dtype, m, n, timer, LF)
-                rows_out.append(rec)
-                ok = rec["plans"][rec["best"]]["us"]
-                summary.append([op, dn, f"{m}x{n}", round(rec["torch_us"], 1), _r(rec["liger_us"]),
-                                round(rec["shipped_us"], 1), rec["best"], round(ok, 1), round(rec["torch_us"] / ok, 2),
-                                None if rec["liger_us"] is None else round(rec["liger_us"] / ok, 2)])
-                print(json.dumps({k: v for k, v in rec.items() if k != "plans"}), flush=True)
-                torch.cuda.empty_cache()
+    shapes = [(m, n) for m, n in (QUICK if args.quick else SHAPES) if not widths or n in widths]
+    for dn, m, n, op, rec in tuning_cases(args, shapes, args.ops.split(","), case, timer, LF):
+        rows_out.append(rec)
+        ok = rec["plans"][rec["best"]]["us"]
+        summary.append([op, dn, f"{m}x{n}", round(rec["torch_us"], 1), _r(rec["liger_us"]),
+                        round(rec["shipped_us"], 1), rec["best"], round(ok, 1), round(rec["torch_us"] / ok, 2),
+                        None if rec["liger_us"] is None else round(rec["liger_us"] / ok, 2)])
     print(tabulate(summary, headers=["op", "dtype", "shape", "torch", "liger", "shipped", "best plan", "best",
                                      "x torch", "x liger"]))
-    tuned = choose(rows_out)
-    print("BWD_TUNED:", json.dumps(tuned))
-    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
-                       "timing)", "rows": rows_out, "tuned": tuned})
-    return 0
+    return tuning_end(args, timer, rows_out, choose(rows_out), "BWD_TUNED")
 
 
 def case(op: str, dtype: torch.dtype, m: int, n: int, timer, LF) -> dict:

@@ -17,11 +17,10 @@ Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
-from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
+from bench_kernels import candidates, geomean_choice, rel_err, time_plans, tuning_cases, tuning_end, tuning_start
 
 from hal.backend import dtype_name
 
@@ -83,27 +82,18 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     rows, table = [], []
-    for dn in args.dtypes.split(","):
-        dtype = getattr(torch, dn)
-        for m, n in (QUICK if args.quick else SHAPES):
-            for direction in ("fwd", "bwd"):
-                rec = case(direction, dtype, m, n, timer, LF)
-                rows.append(rec)
-                best = rec["plans"][rec["best"]]["us"] if rec["best"] else None
-                table.append([direction, dn, f"{m}x{n}", round(rec["torch_us"], 1),
-                              None if rec["liger_us"] is None else round(rec["liger_us"], 1), rec["shipped"],
-                              round(rec["shipped_us"], 1), rec["best"], None if best is None else round(best, 1),
-                              None if best is None else round(rec["bytes"] / best / 1e6, 2),
-                              None if best is None or rec["liger_us"] is None else round(rec["liger_us"] / best, 3)])
-                print(json.dumps({k: v for k, v in rec.items() if k != "plans"}), flush=True)
-                torch.cuda.empty_cache()
+    for dn, m, n, direction, rec in tuning_cases(args, QUICK if args.quick else SHAPES, ("fwd", "bwd"), case, timer, LF):
+        rows.append(rec)
+        best = rec["plans"][rec["best"]]["us"] if rec["best"] else None
+        table.append([direction, dn, f"{m}x{n}", round(rec["torch_us"], 1),
+                      None if rec["liger_us"] is None else round(rec["liger_us"], 1), rec["shipped"],
+                      round(rec["shipped_us"], 1), rec["best"], None if best is None else round(best, 1),
+                      None if best is None else round(rec["bytes"] / best / 1e6, 2),
+                      None if best is None or rec["liger_us"] is None else round(rec["liger_us"] / best, 3)])
     print(tabulate(table, headers=["dir", "dtype", "shape", "torch", "liger", "shipped", "us", "best plan", "us",
                                    "TB/s", "x liger"]))
     tuned = geomean_choice([(r["direction"], candidates(r["plans"], REL_ERR_OK)) for r in rows])
-    print("tuned (per direction):", json.dumps(tuned))
-    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
-                       "timing)", "rows": rows, "tuned": tuned})
-    return 0
+    return tuning_end(args, timer, rows, tuned, "tuned (per direction)")
 
 
 if __name__ == "__main__":

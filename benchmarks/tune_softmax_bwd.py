@@ -17,11 +17,10 @@ Exit status: 0 ok, 2 no CUDA device or no Triton (one line on stderr).
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
-from bench_kernels import _write, candidates, environment, geomean_choice, rel_err, time_plans, tuning_start
+from bench_kernels import candidates, geomean_choice, rel_err, time_plans, tuning_cases, tuning_end, tuning_start
 
 from hal.backend import dtype_name
 
@@ -86,25 +85,16 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     rows, table = [], []
-    for dn in args.dtypes.split(","):
-        dtype = getattr(torch, dn)
-        for m, n in (QUICK if args.quick else SHAPES):
-            for op in ("softmax", "log_softmax"):
-                rec = case(op, dtype, m, n, timer, LF)
-                rows.append(rec)
-                for name, p in rec["plans"].items():
-                    table.append([op, dn, f"{m}x{n}", name, round(p["us"], 1) if "us" in p else p.get("error"),
-                                  round(p["tbps"], 2) if "tbps" in p else None, round(rec["torch_us"], 1),
-                                  None if rec["liger_us"] is None else round(rec["liger_us"], 1),
-                                  "*" if name == rec["best"] else ""])
-                print(json.dumps({k: v for k, v in rec.items() if k != "plans"}), flush=True)
-                torch.cuda.empty_cache()
+    for dn, m, n, op, rec in tuning_cases(args, QUICK if args.quick else SHAPES, ("softmax", "log_softmax"), case,
+                                          timer, LF):
+        rows.append(rec)
+        for name, p in rec["plans"].items():
+            table.append([op, dn, f"{m}x{n}", name, round(p["us"], 1) if "us" in p else p.get("error"),
+                          round(p["tbps"], 2) if "tbps" in p else None, round(rec["torch_us"], 1),
+                          None if rec["liger_us"] is None else round(rec["liger_us"], 1),
+                          "*" if name == rec["best"] else ""])
     print(tabulate(table, headers=["op", "dtype", "shape", "plan", "us", "TB/s", "torch", "liger", "best"]))
-    tuned = choose(rows)
-    print("BWD_WARPS (per row block):", json.dumps(tuned))
-    _write(args.json, {"environment": environment(timer.device), "timing": "GPU us per call (bench_kernels device "
-                       "timing)", "rows": rows, "tuned": tuned})
-    return 0
+    return tuning_end(args, timer, rows, choose(rows), "BWD_WARPS (per row block)")
 
 
 if __name__ == "__main__":
