@@ -49,7 +49,8 @@ def _not_run(reason: str) -> dict:
 
 def program_hooks(spec: dict, modules: Any, limiter: Any) -> list:
     """In a runtime child: the installed precision / profile hooks that ``spec`` asks for
-    (``precision_role``, ``profile_program``). Each has ``result() -> dict`` merged into the child's result."""
+    (``precision_role``, ``profile_program``). Each has ``result() -> dict`` merged into the child's result, and
+    ``disown()`` for a process the program forks (:func:`~hal.conformance.runtime.sections.install_hooks`)."""
     hooks: list = []
     if spec.get("precision_role"):
         from hal.conformance.precision.script import ProgramPrecision

@@ -548,3 +548,50 @@ def test_an_output_is_compared_only_with_a_sample_of_its_own_shape(tmp_path):
                            "    loss.backward()\n    opt.step()\n")
     assert p["verdict"] == "pass", p.get("first_divergence")
     assert any("stack" in x and "no counterpart" in x for x in p["not_compared"]), p["not_compared"]
+
+
+def test_dataloader_workers_forked_after_the_first_forward_load_their_data_as_the_program_does(tmp_path):
+    """pytorch/examples siamese_network: its test loader forks a worker after the float64 run's first forward. The
+    worker inherited that run's tracer: the images came out float64, the labels (``torch.tensor``, no dispatched
+    dtype) float32, and collating the labels into the worker's shared buffer failed ("Trying to resize storage that
+    is not resizable"): the reference ended early. A forked process now gets the section hooks disowned."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "dataloader_workers.py"), "--device", "mlu", "--precision")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    ref = p["reference"]["status"]
+    assert ref["status"] == "ok" and ref["error"] is None, ref
+    assert any(line.startswith("evaluation loss") for line in ref["output_tail"]), ref["output_tail"]
+    assert p["verdict"] == "pass" and p["not_compared"] == [], p["not_compared"]
+
+
+def test_a_forked_process_gets_the_section_hooks_disowned(tmp_path):
+    """``install_hooks`` makes every process the program forks call ``disown()`` on the precision and profile hooks:
+    there the float64 run's tracer passes ops through (a cast keeps its dtype), and ``torch.autograd.backward`` and
+    the global module hooks are the program's again; the installing process keeps all of them."""
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    from hal.conformance.runtime.capture import ModuleTracker
+    from hal.conformance.runtime.sections import install_hooks
+    spec = {"section_hooks": "hal.conformance.workload_audit:program_hooks", "precision_role": "reference",
+            "precision_samples": str(tmp_path / "samples.pt"), "profile_program": True, "run_device": "cpu",
+            "out": str(tmp_path)}
+    real_backward = torch.autograd.backward
+    hooks = install_hooks(spec, ModuleTracker(), None)
+    try:
+        torch.nn.Linear(4, 2)(torch.randn(3, 4))  # the first forward: the float64 run's tracer is entered
+
+        def state() -> tuple:
+            return (torch.ones(2).half().dtype, torch.autograd.backward is real_backward,
+                    len(nn_module._global_forward_pre_hooks))
+        before = state()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the forked child reports through its exit code
+            os._exit(0 if state() == (torch.float16, True, 0) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert before == state() == (torch.float64, False, 2), before
+    finally:
+        for h in reversed(hooks):
+            h.remove() if hasattr(h, "remove") else h.disown()
+    assert torch.autograd.backward is real_backward

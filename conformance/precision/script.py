@@ -154,9 +154,12 @@ class CpuRandomMode(TorchDispatchMode):
     diverged in the first op after the draw (pytorch/examples vae, cosine 0.09). Anything it cannot reroute runs as
     the program asked (never raises for that reason)."""
 
+    #: set in a process the program forked (:meth:`ProgramPrecision.disown`): every op passes through
+    inert = False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _draws_random(func, args, kwargs):
+        if self.inert or not _draws_random(func, args, kwargs):
             return func(*args, **kwargs)
         flat = tree_flatten((args, kwargs))[0]
         devs = [x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
@@ -238,8 +241,13 @@ class _ProgramTracer(StepTracer):
         self.direct_below = all(isinstance(m, CpuRandomMode) for m in below)
         return out
 
+    #: set in a process the program forked (:meth:`ProgramPrecision.disown`): every op passes through
+    inert = False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.inert:
+            return func(*args, **kwargs)
         if self._internal or _draws_random(func, args, kwargs):
             # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
             # gradients in place), may write a held output: the queued comparison keeps the value it had
@@ -364,6 +372,7 @@ class ProgramPrecision:
         self.mode_active = False
         self._handles: list = []
         self._saved: list = []
+        self._random_mode: Optional[CpuRandomMode] = None
         self._scaler_pending = False
         self._depth = 0
         self._backwards_at_open = 0
@@ -535,18 +544,36 @@ class ProgramPrecision:
     def remove(self) -> None:
         self._end_primer()
         self._close("the program ended")
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for owner, name, value in reversed(self._saved):
-            setattr(owner, name, value)
-        self._saved = []
+        self._unhook()
         if self.mode_active and self.tracer is not None:
             self.mode_active = False
             try:
                 self.tracer.__exit__(None, None, None)
             except Exception:
                 pass
+
+    def _unhook(self) -> None:
+        """Take back the global hooks and the patches :meth:`install` made."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved = []
+
+    def disown(self) -> None:
+        """Called in a process the program forked from this one (a DataLoader worker, a fork-started
+        ``multiprocessing`` process; see :func:`~hal.conformance.runtime.sections.install_hooks`): the hook stops
+        acting there. Its global hooks and patches are taken back and its modes pass every op through, so the forked
+        process computes what the program asked, as without the audit, and never writes the samples file. Without
+        this, a DataLoader worker the float64 run forked after its first forward made float64 images, and
+        collating the float32 labels into the worker's shared buffer failed ("Trying to resize storage that is not
+        resizable", pytorch/examples siamese_network's evaluation): the reference run ended early. Only the forked
+        process's copy of this object changes."""
+        self._unhook()
+        for mode in (self._random_mode, self.tracer, self._primer):
+            if mode is not None:
+                mode.inert = True
 
     # -- hooks ----------------------------------------------------------------------------------
     def _record_loss(self, tensors: Any) -> None:

@@ -181,6 +181,18 @@ class ProgramProfile:
         self._saved.append((torch.autograd, "backward", real_backward))
         torch.autograd.backward = backward
 
+    def disown(self) -> None:
+        """Called in a process the program forked from this one (a DataLoader worker, a fork-started
+        ``multiprocessing`` process; see :func:`~hal.conformance.runtime.sections.install_hooks`): its global hooks and
+        its ``backward`` patch are taken back there, so a forked process's steps start no profiler and count no step.
+        Only the forked process's copy of this object changes."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved = []
+
     def _optimizers_built(self) -> int:
         return int(getattr(self.limiter, "optimizers_built", 0) or len(self.optimizers))
 

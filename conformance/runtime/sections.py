@@ -1,21 +1,37 @@
 """The ``--precision`` / ``--profile`` hooks of a runtime run (the audit's child and its ``mp.spawn`` workers).
 
 The spec's ``section_hooks`` names their factory as ``"module:function"``, called with ``(spec, modules,
-limiter)``, so the runtime never imports the suites that drive it; each hook has ``result() -> dict``.
+limiter)``, so the runtime never imports the suites that drive it. Each hook has ``result() -> dict`` and
+``disown()``: called in a process the program forks from the one that installed it, where the hook must stop
+acting (the sections follow the audited process and the ``mp.spawn`` ranks, never a fork of them).
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
 def install_hooks(spec: dict, modules: Any, limiter: Any) -> list:
-    """The hooks ``spec`` asks for, installed by their factory (none without ``section_hooks``)."""
+    """The hooks ``spec`` asks for, installed by their factory (none without ``section_hooks``). A process the
+    program forks afterwards (a DataLoader worker, ``multiprocessing`` with the fork start method) calls each one's
+    ``disown()`` as it starts (``os.register_at_fork``; a failure there is ignored: the fork must go on)."""
     factory = spec.get("section_hooks")
     if not factory:
         return []
     import importlib
     module, _, name = factory.partition(":")
-    return getattr(importlib.import_module(module), name)(spec, modules, limiter)
+    hooks = getattr(importlib.import_module(module), name)(spec, modules, limiter)
+    if hooks:
+        os.register_at_fork(after_in_child=lambda: _disown(hooks))
+    return hooks
+
+
+def _disown(hooks: list) -> None:
+    for h in reversed(hooks):  # the last installed first: each puts back what it found (another hook's patch maybe)
+        try:
+            h.disown()
+        except Exception:  # never disturb the program's fork
+            pass
 
 
 def hook_results(hooks: list) -> dict:
