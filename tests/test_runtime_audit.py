@@ -130,6 +130,9 @@ def test_fallback_ops_are_predicted_for_mlu_and_float64_is_flagged():
     ("crash_segfault.py", "crashed", "SIGSEGV"),
     ("crash_missing_import.py", "error", "ModuleNotFoundError"),
     ("crash_sys_exit.py", "error", "sys.exit(3)"),
+    # the worker's traceback in the message is cut to its cause (cut at 2000 characters it had lost it)
+    ("crash_in_dataloader_worker.py", "error",
+     "ValueError: Caught ValueError in DataLoader worker process 0 -> ValueError: bad item 3"),
 ])
 def test_failing_programs_become_run_status(script, status, error_part):
     s = audit(script, timeout=30)
@@ -317,3 +320,17 @@ def test_a_spawn_pools_tasks_are_not_cut_by_the_step_bound():
     s = audit("spawn_pool_train.py", steps=1, timeout=90)
     assert s["run"]["status"] == "ok" and "trained [True, True, True, True]" in s["run"]["output_tail"], s["run"]
     assert not s["run"].get("spawned")
+
+
+def test_an_mp_spawn_workers_traceback_in_the_error_is_cut_to_its_cause():
+    """``mp.spawn`` re-raises a rank's failure with the rank's whole traceback in the message (as the DataLoader does,
+    test above): the run's error keeps the first line and the exception the traceback ends with."""
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    from hal.conformance.runtime.exception_text import exception_text
+    trace = ('Traceback (most recent call last):\n  File "train.py", line 9, in run\n    step(model)\n'
+             '    ^^^^^^^^^^^\nValueError: loss is nan\n')
+    exc = ProcessRaisedException(f"\n\n-- Process 1 terminated with the following error:\n{trace}", 1, 1234)
+    assert exception_text(exc) == ("ProcessRaisedException: -- Process 1 terminated with the following error -> "
+                                   "ValueError: loss is nan")
+    assert exception_text(ValueError("two\nlines"), limit=7) == "ValueEr"  # no traceback in it: as it is, cut

@@ -352,6 +352,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         state.redirect = DeviceRedirect(spec["run_device"])
     status, error, code = "ok", None, None
     from hal.conformance.runtime import process_groups, spawned
+    from hal.conformance.runtime.exception_text import exception_text
     from hal.conformance.runtime.sections import install_hooks
     spawn_patches: list = []
     group_patches: list = []
@@ -393,7 +394,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             status, error = "error", f"the program exited with sys.exit({exc.code!r})"
     except BaseException as exc:  # the program's failure is the audit's finding, never ours
         _print_exc()
-        status, error = "error", (_cell_of(exc) + f"{type(exc).__name__}: {exc}").strip()[:2000]
+        status, error = "error", (_cell_of(exc) + exception_text(exc)).strip()[:2000]
     finally:
         if state.capture_active:
             state.capture_active = False

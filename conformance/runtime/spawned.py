@@ -64,6 +64,7 @@ class SpawnedWorker:
 
         from hal.conformance.runtime import process_groups
         from hal.conformance.runtime.capture import ModuleTracker, OpCapture
+        from hal.conformance.runtime.exception_text import exception_text
         from hal.conformance.runtime.rebinding import rebind
         from hal.conformance.runtime.sections import hook_results, install_hooks
         from hal.conformance.runtime.stepping import StepLimiter, StopAudit
@@ -106,7 +107,7 @@ class SpawnedWorker:
                 status, error = "error", f"the worker exited with sys.exit({exc.code!r})"
             raise
         except BaseException as exc:
-            status, error = "error", f"{type(exc).__name__}: {exc}"[:2000]
+            status, error = "error", exception_text(exc)
             raise
         finally:
             if active:
