@@ -131,3 +131,29 @@ def test_text_summary(tmp_path):
     text = rep.render(report, "text", written={"json": "out/audit.json"})
     assert "3 findings (2 error, 1 warning, 0 info)" in text and "out/audit.json" in text
     assert "predicted, not measured" in text.lower() and "fallback 1" in text
+
+
+def test_a_programs_precision_runs_read_as_lines_not_json(tmp_path):
+    """A script's precision section describes each run with settings and a status dict (the error may carry a
+    DataLoader worker's traceback): audit.md shows each run, and the first divergence, as one readable line."""
+    report, _ = sample(tmp_path)
+    error = ("RuntimeError: Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+             "call last):\n  File \"worker.py\", line 375, in _worker_loop")
+    report["precision"] = {
+        "verdict": "warning", "verified": False, "metrics": [],
+        "reference": {"device": "cpu", "dtype": "float64",
+                      "status": {"status": "error", "error": error, "steps": 1, "seconds": 5.064, "output_tail": []}},
+        "target": {"device": "cpu", "compared_window": "the first optimizer step",
+                   "status": {"status": "ok", "error": None, "steps": 1, "seconds": 4.443, "output_tail": ["x"]},
+                   "timing": {"window_ms": 826.84, "shadows_ms": 373.31, "statistics_ms": 69.11}},
+        "first_divergence": {"module": "Net.bn1", "op": "native_batch_norm_backward", "phase": "backward",
+                             "occurrence": 0, "metric": "rms_rel", "value": 0.01003, "threshold": 0.000385,
+                             "kind": "amplified"}}
+    md = to_markdown(report)
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "program run error, 1 step(s), 5.064 s: RuntimeError: Caught RuntimeError in DataLoader worker " \
+           "process 0" in rows["reference"].replace("\\", "") and "Original" not in rows["reference"]
+    assert "compared window 826.8 ms (float64 shadows 373.3 ms, statistics 69.1 ms)" in rows["target"].replace("\\", "")
+    assert "Net.bn1 native_batch_norm_backward (phase backward, occurrence 0): rms_rel 0.01003, over its threshold 0.000385; kind " \
+           "amplified" in rows["first divergence"].replace("\\", "")
+    assert not any('{"' in rows[k].replace("\\", "") for k in ("reference", "target", "first divergence"))

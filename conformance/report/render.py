@@ -156,6 +156,39 @@ def _sort_number(value: Any) -> float:
     return 0.0 if out != out else out
 
 
+def _run_side(side: Any) -> str:
+    """One precision run (the ``reference`` or ``target`` of the section) as a line: its settings, how its program run
+    went (status, steps, seconds, error) and the compared window's time; its output tail stays in audit.json."""
+    if not isinstance(side, dict):
+        return _scalar(side)
+    parts = [f"{k}: {_scalar(v)}" for k, v in side.items() if k not in ("status", "timing")]
+    run = side.get("status")
+    if isinstance(run, dict):
+        line = f"program run {run.get('status')}, {run.get('steps')} step(s), {_scalar(run.get('seconds'))} s"
+        parts.append(line + (f": {str(run['error']).splitlines()[0]}" if run.get("error") else ""))
+    timing = side.get("timing")
+    if isinstance(timing, dict) and isinstance(timing.get("window_ms"), (int, float)):
+        parts.append(f"compared window {timing['window_ms']:.1f} ms (float64 shadows {_ms(timing.get('shadows_ms'))}, "
+                     f"statistics {_ms(timing.get('statistics_ms'))})")
+    return "; ".join(parts)
+
+
+def _ms(x: Any) -> str:
+    return f"{x:.1f} ms" if isinstance(x, (int, float)) else "-"
+
+
+def _divergence(fd: Any) -> str:
+    """The first divergence as a line: where (module, op, phase, occurrence), the metric over its threshold, the kind
+    of blame and what it was compared against."""
+    if not isinstance(fd, dict):
+        return _scalar(fd)
+    where = " ".join(str(fd[k]) for k in ("module", "op") if fd.get(k))
+    at = ", ".join(f"{k} {fd[k]}" for k in ("phase", "occurrence") if fd.get(k) is not None)
+    line = f"{where} ({at}): {fd.get('metric')} {_scalar(fd.get('value'))}, over its threshold {_scalar(fd.get('threshold'))}"
+    extra = [f"{k.replace('_', ' ')} {_scalar(fd[k])}" for k in ("kind", "max_abs", "compared_against") if k in fd]
+    return line + (f"; {'; '.join(extra)}" if extra else "")
+
+
 @register_section("precision", "Precision")
 def _precision(value: Any, report: dict, worst: int = 15) -> list:
     early = _not_collected(value, "--precision")
@@ -166,8 +199,8 @@ def _precision(value: Any, report: dict, worst: int = 15) -> list:
     fd = value.get("first_divergence")
     drift = value.get("drift") or {}
     blocks: list = [("kv", [("verdict", value.get("verdict")), ("verified", value.get("verified")),
-                            ("reference", _scalar(value.get("reference"))), ("target", _scalar(value.get("target"))),
-                            ("first divergence", _scalar(fd) if fd else "none: every op within its threshold"),
+                            ("reference", _run_side(value.get("reference"))), ("target", _run_side(value.get("target"))),
+                            ("first divergence", _divergence(fd) if fd else "none: every op within its threshold"),
                             ("loss drift (max relative deviation)", drift.get("max_rel_dev")),
                             ("loss curves R^2", drift.get("r2")), ("note", value.get("note", "")),
                             ("not compared", "; ".join(map(str, value.get("not_compared") or [])))])]
