@@ -32,7 +32,8 @@ Plain ``multiprocessing`` processes that start a fresh interpreter (``mp.set_sta
 ``mp.Process(target=train, ...)``, as pytorch/examples mnist_hogwild does) get the same wrapper, without a rank
 and without section hooks (:func:`_install_process_start`); their entries in ``run.spawned`` name the process.
 Not covered: forked workers (``multiprocessing`` with the fork start method, DataLoader workers), which share
-the audited process's hooks and never report (see :mod:`.child`); DataLoader workers and process pools
+the audited process's redirect and capture, never report (see :mod:`.child`) and disown the section hooks
+(:func:`.sections.install_hooks`); DataLoader workers and process pools
 (``Pool``, ``ProcessPoolExecutor``) of any start method; ``Process`` subclasses that override ``run``.
 """
 from __future__ import annotations
