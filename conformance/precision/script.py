@@ -56,6 +56,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
+from hal.conformance.runtime.sections import take_back
+
 from .argtree import map_leaves, named_arguments
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
@@ -544,22 +546,13 @@ class ProgramPrecision:
     def remove(self) -> None:
         self._end_primer()
         self._close("the program ended")
-        self._unhook()
+        take_back(self._handles, self._saved)
         if self.mode_active and self.tracer is not None:
             self.mode_active = False
             try:
                 self.tracer.__exit__(None, None, None)
             except Exception:
                 pass
-
-    def _unhook(self) -> None:
-        """Take back the global hooks and the patches :meth:`install` made."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for owner, name, value in reversed(self._saved):
-            setattr(owner, name, value)
-        self._saved = []
 
     def disown(self) -> None:
         """Called in a process the program forked from this one (a DataLoader worker, a fork-started
@@ -570,7 +563,7 @@ class ProgramPrecision:
         collating the float32 labels into the worker's shared buffer failed ("Trying to resize storage that is not
         resizable", pytorch/examples siamese_network's evaluation): the reference run ended early. Only the forked
         process's copy of this object changes."""
-        self._unhook()
+        take_back(self._handles, self._saved)
         for mode in (self._random_mode, self.tracer, self._primer):
             if mode is not None:
                 mode.inert = True

@@ -186,12 +186,8 @@ class ProgramProfile:
         ``multiprocessing`` process; see :func:`~hal.conformance.runtime.sections.install_hooks`): its global hooks and
         its ``backward`` patch are taken back there, so a forked process's steps start no profiler and count no step.
         Only the forked process's copy of this object changes."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for owner, name, value in reversed(self._saved):
-            setattr(owner, name, value)
-        self._saved = []
+        from hal.conformance.runtime.sections import take_back
+        take_back(self._handles, self._saved)
 
     def _optimizers_built(self) -> int:
         return int(getattr(self.limiter, "optimizers_built", 0) or len(self.optimizers))

@@ -26,6 +26,17 @@ def install_hooks(spec: dict, modules: Any, limiter: Any) -> list:
     return hooks
 
 
+def take_back(handles: list, saved: list) -> None:
+    """What a hook installed, taken back: each of ``handles`` (torch hook handles) removed and each ``(owner, name,
+    value)`` of ``saved`` set back, the latest first; both lists are emptied."""
+    for h in handles:
+        h.remove()
+    handles.clear()
+    for owner, name, value in reversed(saved):
+        setattr(owner, name, value)
+    saved.clear()
+
+
 def _disown(hooks: list) -> None:
     for h in reversed(hooks):  # the last installed first: each puts back what it found (another hook's patch maybe)
         try:
