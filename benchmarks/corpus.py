@@ -30,6 +30,7 @@ exception, else "audit or program". The audit is never blamed for a program's ow
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
@@ -80,10 +81,10 @@ def _llmc_data(work: Path) -> None:
         f.write(tokens.tobytes())
 
 
-def _mnist_data(work: Path) -> None:
-    """A small MNIST in torchvision's raw format at ``../data/MNIST/raw`` (where mnist and vae look), so
-    ``download=True`` finds it and downloads nothing: random 28x28 images, random labels."""
-    raw = work.parent / "data" / "MNIST" / "raw"
+def _mnist_data(work: Path, root: str = "../data") -> None:
+    """A small MNIST in torchvision's raw format at ``<root>/MNIST/raw`` (``../data``: where mnist and vae look),
+    so ``download=True`` finds it and downloads nothing: random 28x28 images, random labels."""
+    raw = work / root / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 256), ("t10k", 64)):
@@ -144,6 +145,14 @@ PROGRAMS = [
     # trains in two plain mp.Process workers (spawn start method), each redirected and audited
     ("examples mnist_hogwild (2 spawn processes)", "examples", "mnist_hogwild", "main.py",
      ["--epochs", "1", "--dry-run", "--num-processes", "2", "--cuda"], _mnist_data, 2, {}),
+    # its test loader forks a DataLoader worker after the first forward (the precision reference's tracer was in it)
+    ("examples siamese_network", "examples", "siamese_network", "main.py",
+     ["--epochs", "1", "--dry-run", "--batch-size", "16", "--test-batch-size", "16"], _mnist_data, 2, {}),
+    ("examples mnist_rnn (LSTM)", "examples", "mnist_rnn", "main.py",
+     ["--epochs", "1", "--dry-run", "--accel", "--batch-size", "16", "--test-batch-size", "16"], _mnist_data, 2, {}),
+    ("examples mnist_forward_forward", "examples", "mnist_forward_forward", "main.py",
+     ["--epochs", "3", "--train_size", "256", "--test_size", "64", "--log-interval", "1"],
+     functools.partial(_mnist_data, root="data"), 3, {}),
     ("llm.c train_gpt2.py (d12 random init)", "llm.c", ".", "train_gpt2.py",
      ["--model", "d12", "--write_tensors", "0", "--num_iterations", "3", "--batch_size", "1",
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
@@ -158,6 +167,11 @@ SECTION_ARGS = {
     # --dry-run stops after one batch; the 256 synthetic images in batches of 16 are 16 steps
     "examples mnist": ["--epochs", "1", "--batch-size", "16"],
     "examples vae": ["--epochs", "1", "--batch-size", "16"],
+    "examples siamese_network": ["--epochs", "1", "--batch-size", "16", "--test-batch-size", "16"],
+    "examples mnist_rnn (LSTM)": ["--epochs", "1", "--accel", "--batch-size", "16", "--test-batch-size", "16"],
+    # one optimizer step per layer and epoch (two layers): 8 epochs are 16 steps
+    "examples mnist_forward_forward": ["--epochs", "8", "--train_size", "256", "--test_size", "64",
+                                       "--log-interval", "100"],
     # FakeData's 1000 images in batches of 4: 250 iterations of two optimizer steps each (D, then G)
     "examples dcgan": ["--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64"],
 }
@@ -171,7 +185,8 @@ RUNS_UNDER = {
                     "2.14.1 + torchvision 0.29.1, except dcgan's sections row (2.4.1 + 0.19.1; mnist, vae and "
                     "imagenet call torch.accelerator, which torch 2.4 lacks, without the audit too)")
        for name in ("examples mnist", "examples dcgan", "examples vae", "examples imagenet (--dummy)",
-                    "examples mnist_hogwild (2 spawn processes)")},
+                    "examples mnist_hogwild (2 spawn processes)", "examples siamese_network",
+                    "examples mnist_rnn (LSTM)", "examples mnist_forward_forward")},
     "examples time_sequence_prediction": (
         "t24", "its torch.load of a pickled numpy array fails on torch >= 2.6 (weights_only=True by default) "
                "without the audit too; torch 2.4.1 is the torch torch_mlu users run"),
@@ -260,7 +275,8 @@ def section_fields(report: dict) -> dict:
                           "matched_reference": summ.get("matched_reference"),
                           "gradients": summ.get("gradients"), "parameters": summ.get("parameters"),
                           "compared_window": (pr.get("target") or {}).get("compared_window"),
-                          "not_compared": pr.get("not_compared") or [], "window_ms": timing.get("window_ms"),
+                          "not_compared": pr.get("not_compared") or [],
+                          "verdict_reasons": summ.get("verdict_reasons") or [], "window_ms": timing.get("window_ms"),
                           "after_window_step_ms": after,
                           "window_vs_step": timing["window_ms"] / min(after) if after and timing.get("window_ms")
                           else None},
@@ -405,6 +421,10 @@ def write_section_tables(rows: list[dict], meta: dict, out: Path) -> None:
     for r in rows:
         for why in (r.get("precision") or {}).get("not_compared") or []:
             md.append(f"- {r['program']}: {why}")
+    reasons = [f"- {r['program']}: {r['precision']['verdict']}: {why}" for r in rows
+               for why in (r.get("precision") or {}).get("verdict_reasons") or []]
+    md += ["", "Why a precision verdict is not pass (the report's `summary.verdict_reasons`):", "", *reasons] \
+        if reasons else []
     errors = [f"- {r['program']}: {e}" for r in rows for e in (r.get("profile") or {}).get("errors") or []]
     md += ["", "Profile errors:", "", *errors] if errors else []
     md += ["", "Programs came from (never committed here):", ""]
