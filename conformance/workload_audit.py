@@ -465,6 +465,9 @@ def section_summary(report: dict) -> list[str]:
             fd = p.get("first_divergence")
             where = (f"first divergence {esc(fd.get('module'))}:{esc(fd.get('op'))} ({esc(fd.get('kind'))}, "
                      f"{esc(fd.get('phase'))})" if fd else "no divergence")
+            reasons = (p.get("summary") or {}).get("verdict_reasons") or []
+            if not fd and p.get("verdict") != "pass" and reasons:  # not pass, yet no op diverged: say why
+                where += f" ({esc('; '.join(map(str, reasons)))})"
             lines.append(f"precision: {esc(p.get('verdict'))}, {where}"
                          + ("" if p.get("verified") else " [measured on the CPU, not on the target]"))
             if p.get("not_compared"):

@@ -174,3 +174,20 @@ def test_templates_are_package_data():
     folder = ROOT / "conformance" / "report" / "templates"
     names = sorted(p.name for p in folder.iterdir())
     assert names and all(any(Path(f"templates/{n}").match(g) for g in data) for n in names)
+
+
+def test_a_precision_verdict_that_no_op_explains_says_why():
+    """pytorch/examples siamese_network: every op of its compared window within threshold, yet `warning` for the loss
+    drift of its second step. The terminal's lines named no cause ("warning: every op within its threshold", "warning,
+    no divergence"); both now give the verdict's reasons. A pass keeps its short line."""
+    from hal.conformance.workload_audit import section_summary
+    precision = {"verdict": "warning", "verified": False, "first_divergence": None, "metrics": [],
+                 "summary": {"verdict_reasons": ["loss drift 0.766 > 1.3e-05"]}}
+    report = {"precision": precision}
+    assert digest._precision_fact(report) == ("warning: loss drift 0.766 > 1.3e-05 (every op within its threshold) "
+                                              "(not measured on the target device)")
+    assert section_summary(report)[0] == ("precision: warning, no divergence (loss drift 0.766 > 1.3e-05) "
+                                          "[measured on the CPU, not on the target]")
+    precision.update(verdict="pass", summary={"verdict_reasons": ["compared against float64 shadows only"]})
+    assert digest._precision_fact(report) == "pass: every op within its threshold (not measured on the target device)"
+    assert section_summary(report)[0].startswith("precision: pass, no divergence [")

@@ -259,7 +259,12 @@ def _precision_fact(report: dict) -> Optional[str]:
         return (f"{verdict or 'diverged'}: first divergence at {where} ({fd.get('metric')} {_g(fd.get('value'))} > "
                 f"{_g(fd.get('threshold'))})")
     text = str(verdict or "compared")
-    if fd is None and "first_divergence" in p:
+    reasons = (p.get("summary") or {}).get("verdict_reasons") or []
+    if fd is None and verdict not in (None, "pass") and reasons:  # not pass, yet no op diverged: say why
+        text += f": {'; '.join(map(str, reasons))}"
+        if "first_divergence" in p:
+            text += " (every op within its threshold)"
+    elif fd is None and "first_divergence" in p:
         text += ": every op within its threshold"
     if p.get("verified") is False:
         text += " (not measured on the target device)"
