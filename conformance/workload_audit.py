@@ -238,7 +238,7 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
             "timeout": timeout, "eval_loop_seconds": min(EVAL_LOOP_SECONDS, timeout / 4), "run_device": run_device,
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
             "threads": request.get("threads"), "memory_limit_mb": request.get("memory_limit_mb"),
-            "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),
+            "devices": request.get("devices"), "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),
             "section_hooks": "hal.conformance.workload_audit:program_hooks", **extra}
     with open(spec_path, "w") as f:
         json.dump(spec, f)

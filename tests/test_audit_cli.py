@@ -140,7 +140,7 @@ def test_dynamic_request_and_exit_codes(tmp_path, monkeypatch):
     assert rc == 3  # the audited program failed: report still written
     assert seen == {"target": str(EXAMPLE), "kind": "script", "device": "mlu", "args": ["--width", "8"],
                     "steps": 2, "timeout": 5.0, "precision": True, "profile": False, "out": str(tmp_path),
-                    "memory_limit_mb": None, "arch": None}
+                    "memory_limit_mb": None, "arch": None, "devices": None}
     rep = json.loads((tmp_path / "audit.json").read_text())
     assert rep["run"]["status"] == "error" and rep["ops"][0]["op"] == "aten::nanmedian"
     assert "aten::nanmedian" in (tmp_path / "audit.html").read_text()

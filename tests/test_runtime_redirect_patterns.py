@@ -116,3 +116,26 @@ def test_mp_spawn_workers_run_redirected_and_their_ops_are_merged(tmp_path):
     assert found[("runtime-redirect-nccl", line["# nccl in the worker"])]["count"] == 2  # both ranks
     assert ("runtime-redirect-ddp-device-ids", line["# DDP on cuda:rank"]) in found
     assert ("runtime-redirect-cuda-device", line["# DDP on cuda:rank"]) in found
+
+
+def test_devices_n_lets_a_program_that_needs_n_gpus_run_its_n_ranks(tmp_path):
+    """pytorch/examples distributed/ddp/example.py exits "Unable to locate sufficient 2 gpus" under the redirect's
+    one device. With ``--devices 2`` the program finds two, spawns a rank per device, and each rank runs audited on
+    the CPU (NCCL as gloo) with the device it set as its current one."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    one = _audit(tmp_path / "one", "needs_two_gpus.py", port)
+    assert one["run"]["output_tail"] == ["Unable to locate sufficient 2 gpus to run this example (1). Exiting."]
+    assert one["run"]["steps"] == 0 and not one["run"].get("spawned")
+    out = tmp_path / "two"
+    p = run_cli("hal-audit", str(FIX / "needs_two_gpus.py"), "--device", "mlu", "--devices", "2", "--out", str(out),
+                "--format", "json", "--", port, timeout=400)
+    assert p.returncode == 0, (p.stderr[-2000:], p.stdout[-2000:])
+    run = json.loads((out / "audit.json").read_text())["run"]
+    assert run["status"] == "ok" and run["output_tail"][-1] == "trained on 2 gpus", run
+    printed = "\n".join(run["output_tail"])  # the two ranks' lines may interleave
+    assert "rank 0 on cuda:0" in printed and "rank 1 on cuda:1" in printed, printed
+    assert [(w["rank"], w["status"], w["optimizer_steps"]) for w in run["spawned"]] == [(0, "ok", 3), (1, "ok", 3)]
+    bad = run_cli("hal-audit", str(FIX / "needs_two_gpus.py"), "--devices", "0", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "--devices" in bad.stderr and "Traceback" not in bad.stderr

@@ -164,7 +164,8 @@ def _audit_with(req: dict, target: dict, workdir: str, progress=None) -> dict:
             "redirect_cuda": run_device != "cuda" and req["kind"] != "model", "result_path": result_path, "mode": mode,
             "threads": req.get("threads"),
             "target_paths": None if target["available"] else target["device_type"], "config": req.get("config"),
-            "memory_limit_mb": req.get("memory_limit_mb"), "cwd": req.get("cwd") or os.getcwd(),
+            "memory_limit_mb": req.get("memory_limit_mb"), "devices": req.get("devices"),
+            "cwd": req.get("cwd") or os.getcwd(),
             "progress_path": os.path.join(workdir, "runtime-child-progress.json")}
     with open(spec_path, "w") as f:
         json.dump(spec, f)

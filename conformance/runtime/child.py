@@ -349,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _start_progress(spec["progress_path"], limiter, capture)
     if spec.get("redirect_cuda"):
         from hal.conformance.runtime.redirect import DeviceRedirect
-        state.redirect = DeviceRedirect(spec["run_device"])
+        state.redirect = DeviceRedirect(spec["run_device"], devices=spec.get("devices") or 1)
     status, error, code = "ok", None, None
     from hal.conformance.runtime import process_groups, spawned
     from hal.conformance.runtime.exception_text import exception_text
@@ -361,6 +361,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         modules.install()
         limiter.install()
         spawn_patches = spawned.install({"run_device": spec["run_device"], "redirect_cuda": spec.get("redirect_cuda"),
+                                         "devices": spec.get("devices"),
                                          "steps": spec.get("steps"), "threads": spec.get("threads"),
                                          "eval_loop_seconds": spec.get("eval_loop_seconds"),
                                          "section_spec": spec if spec.get("section_hooks") else None,

@@ -110,6 +110,35 @@ def _const(value: Any) -> Callable[[Any, str], Any]:
     return make
 
 
+def _index_of(device: Any) -> int:
+    """The device index of ``device`` (an int, ``"cuda:1"``, a ``torch.device``; no index: 0)."""
+    if isinstance(device, int):
+        return device
+    try:
+        return torch.device(device).index or 0
+    except (RuntimeError, TypeError, ValueError):
+        return 0
+
+
+def _devices(answer: str, **rule: str) -> Callable[[Any, str], Any]:
+    """A stand-in that answers from the redirect's devices (``--devices``): ``"count"`` how many there are,
+    ``"current"`` the index the program set last (0 at first), ``"set"`` sets it (no range check: every index is the
+    run device). ``rule``: :meth:`api_call`'s, for a ``torch.accelerator`` name."""
+    def make(redirect: Any, name: str) -> Any:
+        def stand_in(*a: Any, **k: Any) -> Any:
+            redirect.api_call(name, **rule)
+            if answer == "count":
+                return redirect.devices
+            if answer == "current":
+                return redirect.current_index
+            device = a[0] if a else k.get("device", k.get("idx", 0))
+            redirect.current_index = _index_of(device)
+            return None
+        stand_in.__name__ = stand_in.__qualname__ = name
+        return stand_in
+    return make
+
+
 def _ctx(redirect: Any, name: str) -> Any:
     def stand_in(*_a: Any, **_k: Any) -> Any:
         redirect.api_call(name)
@@ -277,7 +306,8 @@ _ZERO, _NONE = _const(0), _const(None)
 #: name -> maker(redirect, name) of what replaces ``torch.cuda.<name>`` during the audit.
 STAND_INS: dict[str, Callable[[Any, str], Any]] = {
     "is_available": _is_available, "is_initialized": _const(True), "init": _NONE,
-    "device_count": _const(1), "current_device": _ZERO, "set_device": _NONE, "synchronize": _NONE,
+    "device_count": _devices("count"), "current_device": _devices("current"), "set_device": _devices("set"),
+    "synchronize": _NONE,
     "get_device_name": _const("audit-redirect"), "get_device_capability": _const((8, 0)),
     "get_device_properties": _const(DeviceProperties), "get_arch_list": _const(list),
     "get_gencode_flags": _const(""), "is_bf16_supported": _const(True), "is_tf32_supported": _const(False),
@@ -465,8 +495,11 @@ _CUDA_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "compl
 #: its ``memory``/``random``/``graphs`` submodules) during the audit.
 ACCELERATOR_STAND_INS: dict[str, Callable[[Any, str], Any]] = {
     "is_available": _acc(True), "current_accelerator": _acc(lambda: torch.device("cuda")),
-    "device_count": _acc(1), "current_device_index": _acc(0), "current_device_idx": _acc(0),
-    "set_device_index": _acc(None), "set_device_idx": _acc(None), "device_index": _acc_device_index,
+    "device_count": _devices("count", rule=ACCELERATOR_RULE),
+    "current_device_index": _devices("current", rule=ACCELERATOR_RULE),
+    "current_device_idx": _devices("current", rule=ACCELERATOR_RULE),
+    "set_device_index": _devices("set", rule=ACCELERATOR_RULE), "set_device_idx": _devices("set", rule=ACCELERATOR_RULE),
+    "device_index": _acc_device_index,
     "get_device_capability": _acc(lambda: {"supported_dtypes": {getattr(torch, d) for d in _CUDA_DTYPES}}),
     "current_stream": _acc_stream, "set_stream": _acc(None), "synchronize": _acc(None),
     "Graph": _acc_graph,

@@ -8,7 +8,8 @@ should take its real CUDA code path (so the audit sees its real op mix), so:
   device by a ``TorchFunctionMode``; ``.pin_memory()`` becomes a no-op;
 - every name of ``torch.cuda.__all__`` is a stand-in, left as is, or deliberately unsupported
   (:mod:`.cuda_api`, by construction from the running torch): ``is_available()`` answers True,
-  ``device_count()`` 1, Stream/Event/device stay classes that subclass what torch checks against;
+  ``device_count()`` 1 (``--devices N``: N, each of them the present device; ``set_device`` / ``current_device``
+  keep and answer the index the program set), Stream/Event/device stay classes that subclass what torch checks against;
 - ``torch.load(map_location=...)`` (strings, ``torch.device``, dicts, callables, and None for a
   checkpoint saved on a GPU) and ``torch.set_default_device("cuda")`` use the present device;
 - ``torch.compile`` returns the model unchanged (eager: the captured ops are the eager program's),
@@ -17,7 +18,7 @@ should take its real CUDA code path (so the audit sees its real op mix), so:
   (bfloat16 on the CPU: a dtype change, reported as a warning);
 - ``torch.cuda.amp.GradScaler`` / ``torch.amp.GradScaler("cuda")`` become disabled scalers;
 - ``torch.distributed.init_process_group("nccl")`` uses gloo, and DDP drops CUDA ``device_ids``;
-- ``torch.accelerator`` (torch >= 2.6) answers like the one-GPU CUDA machine (:mod:`.cuda_api`,
+- ``torch.accelerator`` (torch >= 2.6) answers like that CUDA machine (:mod:`.cuda_api`,
   complete by construction too);
 - ``nn.DataParallel`` runs its module as a single replica on the CPU (torch's own no-GPU path);
 - ``torch.Generator("cuda")`` makes a CPU generator (``isinstance`` still holds for real ones).
@@ -84,7 +85,7 @@ RULES = {
                                  "check the target's torch.compile backend (torch_mlu ships one) on the device"),
     "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
                                         "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
-    "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a one-GPU CUDA machine during "
+    "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a CUDA machine of {gpus} GPU(s) during "
                                      "the audit (the program ran on {dev})",
                                      "torch.accelerator exists from torch 2.6 on; the torch_mlu releases in the "
                                      "reference (1.22, up to torch 2.4) have none, so this line raises AttributeError "
@@ -126,11 +127,15 @@ def _is_cuda(dev: Any) -> bool:
 
 
 class DeviceRedirect(TorchFunctionMode):
-    """See the module docstring. ``device``: the device type that is present (``"cpu"`` here)."""
+    """See the module docstring. ``device``: the device type that is present (``"cpu"`` here); ``devices``: how many
+    CUDA devices the program is told there are (``--devices``; each is ``device``)."""
 
-    def __init__(self, device: str = "cpu", autocast_dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(self, device: str = "cpu", autocast_dtype: Optional[torch.dtype] = None, devices: int = 1) -> None:
         super().__init__()
         self.device = device
+        self.devices = devices
+        #: the index the program set last (``torch.cuda.set_device``), what ``current_device()`` answers
+        self.current_index = 0
         self.autocast_dtype = autocast_dtype or (torch.bfloat16 if device == "cpu" else torch.float16)
         self.records: dict[tuple[str, str, int], dict] = {}
         self._saved: list[tuple[Any, str, Any]] = []
@@ -145,6 +150,7 @@ class DeviceRedirect(TorchFunctionMode):
         if rec is None:
             severity, message, fix = RULES[rule]
             fmt.setdefault("dev", self.device)
+            fmt.setdefault("gpus", self.devices)
             self.records[key] = {"rule": rule, "path": path, "line": line, "severity": severity,
                                  "message": message.format(**fmt), "fix": fix.format(**fmt), "count": 1}
         else:

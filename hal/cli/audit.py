@@ -47,6 +47,8 @@ SECTION_NOT_PRODUCED = ("not-run", "error")
 #: bounds of the numeric options (finite, inclusive): a run of at most ~11.5 days, 1e9 steps, 1 PB
 MAX_TIMEOUT_S = 1e6
 MAX_STEPS = 10**9
+#: ``--devices``: more than one host's worth of GPUs has no use here (each rank is a process on this machine)
+MAX_DEVICES = 64
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1e9
 
 
@@ -72,6 +74,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=float, metavar="MB",
                    help="cap the audited program's memory (heap and anonymous mappings) at MB megabytes; "
                         "an allocation past it fails inside the program and the run is reported as an error")
+    p.add_argument("--devices", type=int, metavar="N",
+                   help="how many GPUs a program redirected to this machine sees (torch.cuda.device_count(), "
+                        "torch.accelerator.device_count()); each is the run device, so a program that needs N "
+                        "(mp.spawn over device_count(), a 'not enough GPUs' check) runs N ranks here (default: 1)")
     p.add_argument("--arch", metavar="MAJOR[.MINOR]",
                    help="the target's architecture generation for dtype gates and TF32 notes "
                         "(e.g. 5, mlu370, mlu590; MLU bf16 needs >= 5); default: not given")
@@ -248,6 +254,7 @@ def validate_numbers(args: argparse.Namespace) -> None:
         except ValueError as exc:
             raise CliError(str(exc)) from None
     check_number("--timeout", args.timeout, above=0, maximum=MAX_TIMEOUT_S, what="a number of seconds")
+    check_number("--devices", args.devices, minimum=1, maximum=MAX_DEVICES, what="a positive integer")
     check_number("--memory-limit", args.memory_limit, minimum=MIN_MEMORY_MB, maximum=MAX_MEMORY_MB,
                  what="a number of megabytes")
 
@@ -320,7 +327,7 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit, "arch": args.arch}
+                   "memory_limit_mb": args.memory_limit, "arch": args.arch, "devices": args.devices}
         progress("run")
         sections = _run_dynamic(request, progress)
         run = dict(sections.get("run") or {})
