@@ -133,6 +133,12 @@ PROGRAMS = [
      ["2", "1", "--batch_size", "32"], None, 3, {}),
     ("examples ddp-tutorial multigpu_torchrun (nccl)", "examples", "distributed/ddp-tutorial-series",
      "multigpu_torchrun.py", ["2", "1", "--batch_size", "32"], None, 3, DDP_ENV),
+    # torchrun programs that check for two GPUs first ("Unable to locate sufficient 2 gpus"): rank 0 of a world of one,
+    # the audit telling them of two devices (AUDIT_OPTIONS)
+    ("examples distributed/ddp example.py (--devices 2)", "examples", "distributed/ddp", "example.py", [], None, 2,
+     {**DDP_ENV, "LOCAL_WORLD_SIZE": "1", "MASTER_PORT": "29534"}),
+    ("examples distributed/FSDP2 example.py (--devices 2)", "examples", "distributed/FSDP2", "example.py", [], None,
+     3, {**DDP_ENV, "LOCAL_WORLD_SIZE": "1", "MASTER_PORT": "29535"}),
     ("examples regression", "examples", "regression", "main.py", [], None, 3, {}),
     ("examples time_sequence_prediction", "examples", "time_sequence_prediction", "train.py", ["--steps", "1"],
      _sine_data, 2, {}),
@@ -157,6 +163,10 @@ PROGRAMS = [
      ["--model", "d12", "--write_tensors", "0", "--num_iterations", "3", "--batch_size", "1",
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
 ]
+
+#: program -> hal-audit options of its own (before the program's arguments)
+AUDIT_OPTIONS = {"examples distributed/ddp example.py (--devices 2)": ["--devices", "2"],
+                 "examples distributed/FSDP2 example.py (--devices 2)": ["--devices", "2"]}
 
 #: program -> its arguments for ``--sections`` (the profile's schedule needs 3 + 2 x --steps training steps of the
 #: program on the CPU, and an evaluation inside a timed step skews its time: more iterations, no evaluation between)
@@ -228,7 +238,8 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
     out = work / "hal-audit-out"
     exe = Path(python).parent / "hal-audit"
     cmd = [str(exe), script, "--device", "mlu", "--steps", str(steps), "--timeout", str(timeout),
-           "--out", str(out), "--format", "json", *(["--precision", "--profile"] if sections else []), "--", *args]
+           "--out", str(out), "--format", "json", *(["--precision", "--profile"] if sections else []),
+           *AUDIT_OPTIONS.get(name, []), "--", *args]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, **env},
                        timeout=timeout + 120)
