@@ -134,6 +134,7 @@ def test_devices_n_lets_a_program_that_needs_n_gpus_run_its_n_ranks(tmp_path):
     assert p.returncode == 0, (p.stderr[-2000:], p.stdout[-2000:])
     run = json.loads((out / "audit.json").read_text())["run"]
     assert run["status"] == "ok" and run["output_tail"][-1] == "trained on 2 gpus", run
+    assert run["devices"] == 2 and "devices" not in one["run"]
     printed = "\n".join(run["output_tail"])  # the two ranks' lines may interleave
     assert "rank 0 on cuda:0" in printed and "rank 1 on cuda:1" in printed, printed
     assert [(w["rank"], w["status"], w["optimizer_steps"]) for w in run["spawned"]] == [(0, "ok", 3), (1, "ok", 3)]

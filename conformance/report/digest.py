@@ -194,7 +194,7 @@ def _run_line(report: dict) -> str:
     if isinstance(run.get("seconds"), (int, float)):
         bits.append(f"{run['seconds']:.1f} s")
     if run.get("device"):
-        bits.append(f"on {run['device']}")
+        bits.append(f"on {run['device']}" + (f" as {run['devices']} GPUs (--devices)" if run.get("devices") else ""))
     line = ", ".join(bits)
     if run.get("error"):
         line += f": {run['error']}"

@@ -331,6 +331,8 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         progress("run")
         sections = _run_dynamic(request, progress)
         run = dict(sections.get("run") or {})
+        if args.devices and run.get("device") != "cuda":  # the GPUs the redirected program was told of
+            run["devices"] = args.devices
         for k, v in (("status", "skipped"), ("steps", None), ("seconds", round(time.perf_counter() - t0, 3)),
                      ("error", None)):
             run.setdefault(k, v)
