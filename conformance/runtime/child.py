@@ -447,6 +447,26 @@ def _guard_sigterm() -> None:
 _CHILD_PID = [os.getpid()]
 
 
+def _run_multiprocessing_finalizers(wait_s: float = 5.0) -> None:
+    """What ``multiprocessing``'s own exit hook would run at a normal interpreter exit, minus joining child
+    processes: its finalizers (a pool's workers terminated, the named semaphores of its queues unlinked). The child
+    ends with ``os._exit``, which skips that hook, and the resource tracker then printed "There appear to be 6 leaked
+    semaphore objects to clean up at shutdown" into the output of a program that leaked none (a spawn ``Pool``).
+    Nothing when the program never imported ``multiprocessing``; a finalizer that blocks is left after ``wait_s``."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+
+    def run() -> None:
+        try:
+            util._run_finalizers(0)
+        except Exception:  # the program's objects: never the audit's failure
+            pass
+    t = threading.Thread(target=run, name="hal-audit-mp-finalizers", daemon=True)
+    t.start()
+    t.join(wait_s)
+
+
 def _flush_quietly() -> None:
     """Flush whatever the program left as sys.stdout/sys.stderr; a replaced, closed or broken stream
     is the program's business and never stops the audit from writing its result."""
@@ -476,5 +496,6 @@ if __name__ == "__main__":
     except OSError:
         pass
     rc = main()
+    _run_multiprocessing_finalizers()
     _flush_quietly()
     os._exit(rc)
