@@ -343,6 +343,14 @@ def _run_failure(res: dict) -> str:
     return f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " if run.get("error") else ""
 
 
+#: autograd's refusal of a float64 gradient for a float32 input, and what it means in the float64 reference run
+_UNCONVERTED = re.compile(r"returned an invalid gradient at index \d+ - expected dtype Float but got Double", re.I)
+_UNCONVERTED_WHY = ("; a float32 parameter the float64 run had not converted took part in an op there: it converts a "
+                    "module at the first forward the program calls it through (module(x)); one whose forward the "
+                    "program calls directly (module.forward(x), pytorch/examples mnist_forward_forward's layers) or a "
+                    "parameter outside any called module stays float32")
+
+
 def _program_precision(request: dict, workdir: str, info: Any, run_device: str, note: str) -> dict:
     from hal.conformance.precision import thresholds as th
     from hal.conformance.precision.compare import _summary, _tensor_rows, _verdict
@@ -383,9 +391,10 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     not_compared = list(pr.get("reasons") or []) + list(pr.get("not_compared") or [])
     ref_line, tgt_line = ref.get("run") or {}, tgt.get("run") or {}
     if ref_line.get("status") not in (None, "ok") and ref_line.get("status") != tgt_line.get("status"):
-        not_compared.insert(0, f"the float64 reference run ended early ({ref_line.get('status')}: "
-                               f"{' '.join(str(ref_line.get('error') or 'no error text').split())[:300]}) while the "
-                               f"target run was {tgt_line.get('status')}: totals only for the ops it reached")
+        error = " ".join(str(ref_line.get("error") or "no error text").split())
+        not_compared.insert(0, f"the float64 reference run ended early ({ref_line.get('status')}: {error[:300]}) while "
+                               f"the target run was {tgt_line.get('status')}: totals only for the ops it reached"
+                               + (_UNCONVERTED_WHY if _UNCONVERTED.search(error) else ""))
     lt, lr = pr.get("losses") or [], ref_run.get("losses") or []
     n = min(len(lt), len(lr))
     drift = None

@@ -595,3 +595,24 @@ def test_a_forked_process_gets_the_section_hooks_disowned(tmp_path):
         for h in reversed(hooks):
             h.remove() if hasattr(h, "remove") else h.disown()
     assert torch.autograd.backward is real_backward
+
+
+def test_a_module_trained_through_its_forward_method_is_named_as_why_the_reference_ended(tmp_path):
+    """pytorch/examples mnist_forward_forward trains each layer by calling ``layer.forward(x)``: no module hook runs for
+    the layer, only for its ReLU, so the float64 run converts the ReLU and never the layer's parameters; the next step's
+    float32 bias met float64 work and autograd refused the gradient. The reference still ends early (an open gap),
+    and the report says which pattern does that instead of autograd's message alone."""
+    p = _program_precision(tmp_path, "forward_called.py", "import torch\ntorch.manual_seed(0)\n"
+                           "class Layer(torch.nn.Linear):\n"
+                           "    def __init__(self):\n"
+                           "        super().__init__(4, 3)\n"
+                           "        self.act = torch.nn.ReLU()\n"
+                           "        self.opt = torch.optim.SGD(self.parameters(), lr=0.1)\n"
+                           "    def forward(self, x):\n"
+                           "        return self.act(torch.mm(x, self.weight.T) + self.bias.unsqueeze(0))\n"
+                           "layer = Layer()\n"
+                           "for _ in range(3):\n"
+                           "    loss = layer.forward(torch.randn(8, 4)).pow(2).mean()\n"
+                           "    layer.opt.zero_grad()\n    loss.backward()\n    layer.opt.step()\n", steps=3)
+    ended = [line for line in p["not_compared"] if line.startswith("the float64 reference run ended early")]
+    assert ended and "invalid gradient" in ended[0] and "module.forward(x)" in ended[0], p["not_compared"]
