@@ -238,7 +238,8 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
             "timeout": timeout, "eval_loop_seconds": min(EVAL_LOOP_SECONDS, timeout / 4), "run_device": run_device,
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
             "threads": request.get("threads"), "memory_limit_mb": request.get("memory_limit_mb"),
-            "devices": request.get("devices"), "cwd": request.get("cwd") or os.getcwd(), "capture": False, "target_device": request.get("device"),
+            "devices": request.get("devices"), "cwd": request.get("cwd") or os.getcwd(), "capture": False,
+            "target_device": request.get("device"),
             "section_hooks": "hal.conformance.workload_audit:program_hooks", **extra}
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -464,6 +465,7 @@ def section_summary(report: dict) -> list[str]:
     """Terminal lines for the precision and profile sections of a report (one or two each): the
     verdict and first divergence, the step times, or why the section could not be produced."""
     from hal.conformance.report import escape
+    from hal.conformance.report.digest import unexplained_verdict_reasons
     esc = escape.terminal
     lines = []
     p = report.get("precision")
@@ -474,9 +476,9 @@ def section_summary(report: dict) -> list[str]:
             fd = p.get("first_divergence")
             where = (f"first divergence {esc(fd.get('module'))}:{esc(fd.get('op'))} ({esc(fd.get('kind'))}, "
                      f"{esc(fd.get('phase'))})" if fd else "no divergence")
-            reasons = (p.get("summary") or {}).get("verdict_reasons") or []
-            if not fd and p.get("verdict") != "pass" and reasons:  # not pass, yet no op diverged: say why
-                where += f" ({esc('; '.join(map(str, reasons)))})"
+            reasons = unexplained_verdict_reasons(p)
+            if reasons:  # not pass, yet no op diverged: say why
+                where += f" ({esc('; '.join(reasons))})"
             lines.append(f"precision: {esc(p.get('verdict'))}, {where}"
                          + ("" if p.get("verified") else " [measured on the CPU, not on the target]"))
             if p.get("not_compared"):

@@ -246,6 +246,14 @@ def _g(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
+def unexplained_verdict_reasons(precision: dict) -> list:
+    """The reasons (``summary.verdict_reasons``) of a precision verdict other than pass that no divergent op explains
+    (a loss drift, calibration): what the terminal's precision lines add; empty otherwise."""
+    if precision.get("first_divergence") or precision.get("verdict") in (None, "pass"):
+        return []
+    return [str(r) for r in (precision.get("summary") or {}).get("verdict_reasons") or []]
+
+
 def _precision_fact(report: dict) -> Optional[str]:
     p = report.get("precision")
     if not isinstance(p, dict):
@@ -259,9 +267,9 @@ def _precision_fact(report: dict) -> Optional[str]:
         return (f"{verdict or 'diverged'}: first divergence at {where} ({fd.get('metric')} {_g(fd.get('value'))} > "
                 f"{_g(fd.get('threshold'))})")
     text = str(verdict or "compared")
-    reasons = (p.get("summary") or {}).get("verdict_reasons") or []
-    if fd is None and verdict not in (None, "pass") and reasons:  # not pass, yet no op diverged: say why
-        text += f": {'; '.join(map(str, reasons))}"
+    reasons = unexplained_verdict_reasons(p)
+    if reasons:  # not pass, yet no op diverged: say why
+        text += f": {'; '.join(reasons)}"
         if "first_divergence" in p:
             text += " (every op within its threshold)"
     elif fd is None and "first_divergence" in p:

@@ -184,7 +184,8 @@ def _divergence(fd: Any) -> str:
         return _scalar(fd)
     where = " ".join(str(fd[k]) for k in ("module", "op") if fd.get(k))
     at = ", ".join(f"{k} {fd[k]}" for k in ("phase", "occurrence") if fd.get(k) is not None)
-    line = f"{where} ({at}): {fd.get('metric')} {_scalar(fd.get('value'))}, over its threshold {_scalar(fd.get('threshold'))}"
+    line = (f"{where} ({at}): {fd.get('metric')} {_scalar(fd.get('value'))}, "
+            f"over its threshold {_scalar(fd.get('threshold'))}")
     extra = [f"{k.replace('_', ' ')} {_scalar(fd[k])}" for k in ("kind", "max_abs", "compared_against") if k in fd]
     return line + (f"; {'; '.join(extra)}" if extra else "")
 
@@ -199,7 +200,8 @@ def _precision(value: Any, report: dict, worst: int = 15) -> list:
     fd = value.get("first_divergence")
     drift = value.get("drift") or {}
     blocks: list = [("kv", [("verdict", value.get("verdict")), ("verified", value.get("verified")),
-                            ("reference", _run_side(value.get("reference"))), ("target", _run_side(value.get("target"))),
+                            ("reference", _run_side(value.get("reference"))),
+                            ("target", _run_side(value.get("target"))),
                             ("first divergence", _divergence(fd) if fd else "none: every op within its threshold"),
                             ("loss drift (max relative deviation)", drift.get("max_rel_dev")),
                             ("loss curves R^2", drift.get("r2")), ("note", value.get("note", "")),

@@ -349,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _start_progress(spec["progress_path"], limiter, capture)
     if spec.get("redirect_cuda"):
         from hal.conformance.runtime.redirect import DeviceRedirect
-        state.redirect = DeviceRedirect(spec["run_device"], devices=spec.get("devices") or 1)
+        state.redirect = DeviceRedirect(spec["run_device"], devices=spec.get("devices"))
     status, error, code = "ok", None, None
     from hal.conformance.runtime import process_groups, spawned
     from hal.conformance.runtime.exception_text import exception_text

@@ -85,8 +85,8 @@ RULES = {
                                  "check the target's torch.compile backend (torch_mlu ships one) on the device"),
     "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
                                         "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
-    "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a CUDA machine of {gpus} GPU(s) during "
-                                     "the audit (the program ran on {dev})",
+    "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a CUDA machine of {gpus} "
+                                     "GPU(s) during the audit (the program ran on {dev})",
                                      "torch.accelerator exists from torch 2.6 on; the torch_mlu releases in the "
                                      "reference (1.22, up to torch 2.4) have none, so this line raises AttributeError "
                                      "there: use torch.mlu / hal.get_backend(), or fall back when "
@@ -128,12 +128,13 @@ def _is_cuda(dev: Any) -> bool:
 
 class DeviceRedirect(TorchFunctionMode):
     """See the module docstring. ``device``: the device type that is present (``"cpu"`` here); ``devices``: how many
-    CUDA devices the program is told there are (``--devices``; each is ``device``)."""
+    CUDA devices the program is told there are (``--devices``, default 1; each is ``device``)."""
 
-    def __init__(self, device: str = "cpu", autocast_dtype: Optional[torch.dtype] = None, devices: int = 1) -> None:
+    def __init__(self, device: str = "cpu", autocast_dtype: Optional[torch.dtype] = None,
+                 devices: Optional[int] = None) -> None:
         super().__init__()
         self.device = device
-        self.devices = devices
+        self.devices = devices or 1
         #: the index the program set last (``torch.cuda.set_device``), what ``current_device()`` answers
         self.current_index = 0
         self.autocast_dtype = autocast_dtype or (torch.bfloat16 if device == "cpu" else torch.float16)

@@ -80,7 +80,7 @@ class SpawnedWorker:
         redirect = None
         if cfg.get("redirect_cuda"):
             from hal.conformance.runtime.redirect import DeviceRedirect
-            redirect = DeviceRedirect(cfg["run_device"], devices=cfg.get("devices") or 1)
+            redirect = DeviceRedirect(cfg["run_device"], devices=cfg.get("devices"))
         status, error = "ok", None
         active = False
         section_spec = _rank_sections(cfg.get("section_spec"), rank) if self.ranked else None
