@@ -176,8 +176,9 @@ class StatsRequest:
 
 
 #: elements per vectorised pass of :func:`error_stats_many`: on the CPU, temporaries that stay in the
-#: cache (measured here: 1 ns an element at 64K elements, 3-30 ns at 1M and more); on a device, more
-_CHUNK_ELEMENTS = {"cpu": 1 << 16}
+#: cache (measured here: 1 ns an element at 64K elements, 3-30 ns at 1M and more; 128K, the scratch buffers'
+#: bound, judged a nanoGPT tiny window 12% faster than 64K, fewer passes' fixed costs); on a device, more
+_CHUNK_ELEMENTS = {"cpu": 1 << 17}
 _DEVICE_CHUNK_ELEMENTS = 1 << 24
 #: rows meet in one matrix when their lengths' bit lengths (at least 10) divided by this are equal: on the CPU
 #: 1 (padding at most doubles a row: padded elements cost time there); on a device 4 (rows of 1K-8K elements
@@ -218,7 +219,8 @@ def error_stats_many(requests: Sequence[StatsRequest], device: Optional[torch.de
         buckets.setdefault(key, []).append(i)
     pending = []  # on a device each matrix's results are read after every matrix is queued: one wait, not one each
     for idx in buckets.values():
-        idx.sort(key=lambda i: (str(requests[i].target.dtype), str(requests[i].ref.dtype)))  # stable: runs
+        # runs of one dtype pair, and in them of one length (longest first): one copy per run (:func:`_fill_padded`)
+        idx.sort(key=lambda i: (str(requests[i].target.dtype), str(requests[i].ref.dtype), -requests[i].target.numel()))
         start, longest = 0, 0
         for k, i in enumerate(idx):
             n = requests[i].target.numel()
@@ -277,7 +279,7 @@ class _Scratch(threading.local):
 
 
 #: a statistics pass on the CPU takes its matrices from :func:`scratch` up to this many elements (1 MiB of
-#: float64 per buffer, twice a pass's usual size: ten buffers, ~10 MiB kept per thread at most); larger ones
+#: float64 per buffer, a pass's usual size: ten buffers, ~10 MiB kept per thread at most); larger ones
 #: (a single row longer than that) are allocated per call
 SCRATCH_MAX_ELEMENTS = 1 << 17
 _scratch = _Scratch()
@@ -301,13 +303,34 @@ def scratch(slot: str, rows: int, cols: int, dtype: torch.dtype = torch.float64)
 
 
 def _padded_rows(xs: List[torch.Tensor], lens: List[int], slot: str) -> torch.Tensor:
-    """The float64 CPU matrix of :func:`_padded`, each row copied (and cast) into a zeroed matrix: one pass
-    (a masked scatter is single-threaded on the CPU: 8x slower on 16K-element rows). The matrix is the
-    :func:`scratch` buffer ``slot`` (one slot per matrix alive at once: two calls with one slot share it)."""
-    out = scratch(slot, len(xs), max(lens)).zero_()
-    for row, x, n in zip(out, xs, lens):
-        row[:n].copy_(x.detach().reshape(-1))
+    """The float64 CPU matrix of :func:`_padded`: each run of full-length rows of one dtype is one concatenation
+    into its rows (cast on the way), each shorter row one copy into a zeroed row (a masked scatter is
+    single-threaded on the CPU: 8x slower on 16K-element rows; a copy per row was 5 us of view and copy calls
+    each, a third of a gpt tiny window's statistics). The matrix is the :func:`scratch` buffer ``slot`` (one slot
+    per matrix alive at once: two calls with one slot share it)."""
+    longest = max(lens)
+    out = scratch(slot, len(xs), longest)
+    flat = out.view(-1)
+    with torch.no_grad():  # the program's tensors may require grad by now (out= refuses those under grad mode)
+        _fill_padded(xs, lens, longest, out, flat)
     return out
+
+
+def _fill_padded(xs: List[torch.Tensor], lens: List[int], longest: int, out: torch.Tensor, flat: torch.Tensor) -> None:
+    """:func:`_padded_rows`' copies: per run of rows of one length and dtype, one concatenation (rows as long as
+    the matrix: straight into their rows; shorter ones: then one copy into their columns, and their tails zeroed)."""
+    k, rows = 0, len(xs)
+    while k < rows:
+        n, dtype, j = lens[k], xs[k].dtype, k + 1
+        while j < rows and lens[j] == n and xs[j].dtype == dtype:
+            j += 1
+        run = [x if x.dim() == 1 else x.reshape(-1) for x in xs[k:j]]
+        if n == longest:
+            torch.cat(run, out=flat[k * longest:j * longest])
+        else:
+            out[k:j, :n].copy_(run[0] if j == k + 1 else torch.stack(run))
+            out[k:j, n:].zero_()
+        k = j
 
 
 def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[torch.Tensor] = None,
