@@ -324,6 +324,29 @@ def test_a_spawn_pools_tasks_are_not_cut_by_the_step_bound():
     assert not any("leaked semaphore" in line for line in s["run"]["output_tail"]), s["run"]["output_tail"]
 
 
+@pytest.mark.parametrize("steps,inference", [(None, False), (1, False), (1, True)])
+def test_the_programs_atexit_handlers_run_redirected_after_it_ends(tmp_path, steps, inference):
+    """The child ends with os._exit: without running them itself, a final checkpoint saved at exit was lost. They run
+    after a normal end and after the step bound stopped the program, on the redirected device, with the bound no
+    longer counting (the handler's forward is not stopped); one that fails is printed as the interpreter prints it
+    and the others still run."""
+    ckpt = tmp_path / "final.pt"
+    s = audit("atexit_handlers.py", args=[str(ckpt)] + ["--inference"] * inference, steps=steps, timeout=60)
+    out = s["run"]["output_tail"]
+    assert s["run"]["status"] == "ok" and s["run"]["error"] is None, s["run"]
+    assert ("program done" in out) == (steps is None), out
+    assert out[-1] == "checkpoint saved at exit" and any("a failing exit handler" in line for line in out), out
+    import torch
+    assert set(torch.load(ckpt)) == {"weight", "bias"}
+
+
+def test_a_program_hanging_in_an_atexit_handler_is_stopped_and_says_where():
+    s = audit("atexit_handlers.py", args=["/dev/null", "--hang-at-exit"], timeout=8)
+    assert s["run"]["status"] == "timeout", s["run"]
+    assert "timeout (in its atexit handlers) and was stopped" in s["run"]["error"], s["run"]["error"]
+    assert "hanging at exit" in s["run"]["output_tail"], s["run"]["output_tail"]
+
+
 def test_an_mp_spawn_workers_traceback_in_the_error_is_cut_to_its_cause():
     """``mp.spawn`` re-raises a rank's failure with the rank's whole traceback in the message (as the DataLoader does,
     test above): the run's error keeps the first line and the exception the traceback ends with."""

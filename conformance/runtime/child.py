@@ -53,6 +53,7 @@ class _State:
         self.notes: list[dict] = []  # findings the child itself adds (notebook magics skipped)
         self.cell: Optional[int] = None  # the notebook cell running now
         self.hooks: list = []  # --precision / --profile hooks of this run (see .sections.install_hooks)
+        self.at_exit = False  # the program's atexit handlers are running (_run_exit_handlers): run.at_exit
 
     def result(self, status: str, error: Optional[str], exit_code: Optional[int]) -> dict:
         """This process's result with the ``mp.spawn`` workers' results merged in (:mod:`.spawned`)."""
@@ -68,7 +69,8 @@ class _State:
                         "optimizer_steps": self.limiter.optimizer_steps if self.limiter else 0,
                         "backward_passes": self.limiter.backward_passes if self.limiter else 0,
                         "stopped_by": self.limiter.stopped_by if self.limiter else None,
-                        "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode")},
+                        "seconds": round(time.perf_counter() - self.t0, 4), "mode": self.spec.get("mode"),
+                        **({"at_exit": True} if self.at_exit else {})},
                 "ops": ops,
                 "findings": _cells(self.notes + (self.redirect.findings() if self.redirect is not None else [])),
                 "mlu_fallbacks": self.mlu_fallbacks,
@@ -403,12 +405,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 capture.__exit__(None, None, None)
             except Exception:
                 pass
+    limiter.remove()  # the steps are counted: an exit handler's forward is not one the bound stops
+    state.at_exit = True
+    _run_exit_handlers()
+    state.at_exit = False
     process_groups.remove(group_patches)  # before the sections' results (state.write), and before the redirect's
     if state.redirect is not None:
         state.redirect.remove()
     spawned.remove(spawn_patches)
     modules.remove()
-    limiter.remove()
     _flush_quietly()
     state.write(status, error, code)
     return 0
@@ -445,6 +450,20 @@ def _guard_sigterm() -> None:
 
 
 _CHILD_PID = [os.getpid()]
+
+
+def _run_exit_handlers() -> None:
+    """The program's ``atexit`` handlers, run as the interpreter runs them at exit (the child itself ends with
+    ``os._exit``, which skips them): last registered first, a failing one printed as "Exception ignored in atexit
+    callback" and the others still run; after a normal end, ``sys.exit``, an exception or the step bound, never
+    after ``os._exit`` or a signal. They run with the device redirect and the program's process groups still in place
+    (a final ``torch.save`` of CUDA tensors, a summary printed at exit), the op capture and the step bound over. A
+    handler that never returns is the program's hang: the timeout reports it as being in the exit handlers."""
+    import atexit
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # the program's handlers: never the audit's failure
+        pass
 
 
 def _run_multiprocessing_finalizers(wait_s: float = 5.0) -> None:

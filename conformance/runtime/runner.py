@@ -164,7 +164,8 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
     run = dict(result.get("run") or {})
     rc = proc.returncode
     if timed_out:
-        run.update(status="timeout", error=f"the program did not finish within the {timeout:g} s timeout "
+        where = " (in its atexit handlers)" if run.get("at_exit") else ""
+        run.update(status="timeout", error=f"the program did not finish within the {timeout:g} s timeout{where} "
                                            f"and was stopped", exit_code=None)
     elif rc is not None and rc < 0:
         run.update(status="crashed", error=f"the program was killed by {_signal_name(-rc)}", exit_code=rc)

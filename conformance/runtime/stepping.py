@@ -48,6 +48,7 @@ class StepLimiter:
         self.eval_forwards = 0  # no-grad forwards since the last backward / optimizer step
         self.optimizers_built = 0
         self.stopped_by: Optional[str] = None
+        self.counting = True  # False after remove(): the tracker's top-level forwards neither count nor stop
         self._handles: list = []
         self._saved: list = []
 
@@ -81,7 +82,7 @@ class StepLimiter:
             self._stop("backward passes", self.backward_passes)
 
     def before_top_level_forward(self, module: torch.nn.Module) -> None:
-        if torch.is_grad_enabled():
+        if not self.counting or torch.is_grad_enabled():
             return
         if next(iter(module.parameters(recurse=True)), None) is None:
             return
@@ -122,6 +123,9 @@ class StepLimiter:
             setattr(owner, name, value)
 
     def remove(self) -> None:
+        """Stop counting and stopping: the hooks and patches taken back, and the module tracker's calls of
+        :meth:`before_top_level_forward` ignored (what runs after the program, its exit handlers, is not a step)."""
+        self.counting = False
         for h in self._handles:
             h.remove()
         self._handles = []
