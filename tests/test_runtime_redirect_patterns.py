@@ -17,9 +17,10 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "runtime"
 HAS_ACCEL = hasattr(torch, "accelerator")
 
 
-def _audit(tmp_path: Path, script: str, *args: str, steps: str | None = None) -> dict:
+def _audit(tmp_path: Path, script: str, *args: str, steps: str | None = None, devices: str | None = None) -> dict:
     out = tmp_path / "out"
     p = run_cli("hal-audit", str(FIX / script), "--device", "mlu", *(["--steps", steps] if steps else []),
+                *(["--devices", devices] if devices else []),
                 "--out", str(out), "--format", "json", "--", *args, timeout=400)
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:], p.stdout[-2000:])
     return json.loads((out / "audit.json").read_text())
@@ -140,3 +141,35 @@ def test_devices_n_lets_a_program_that_needs_n_gpus_run_its_n_ranks(tmp_path):
     assert [(w["rank"], w["status"], w["optimizer_steps"]) for w in run["spawned"]] == [(0, "ok", 3), (1, "ok", 3)]
     bad = run_cli("hal-audit", str(FIX / "needs_two_gpus.py"), "--devices", "0", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "--devices" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cuda_calls_the_backward_pass_runs_are_redirected(tmp_path):
+    """Tensor.backward, torch.autograd.grad (and on torch >= 2.5 torch.autograd.backward) dispatch to the redirect's
+    function mode, whose handler runs with the mode off: a custom Function's backward or a tensor hook that made CUDA
+    tensors failed ("PyTorch is not linked with support for cuda devices"; DTensor's backward in pytorch/examples
+    tensor_parallelism)."""
+    rep = _audit(tmp_path, "cuda_in_backward.py")
+    assert rep["run"]["status"] == "ok" and rep["run"]["output_tail"][-1] == "backward ran on cpu", rep["run"]
+    assert rep["run"]["optimizer_steps"] == 2
+    line = _lines("cuda_in_backward.py", "# cuda in a Function's backward", "# cuda in a tensor hook")
+    found = _found(rep)
+    for where in line.values():
+        assert ("runtime-redirect-cuda-device", where) in found, sorted(found)
+
+
+def test_a_tensor_parallel_model_sharded_by_fsdp_trains_on_a_cuda_mesh_made_for_the_run_device(tmp_path):
+    """init_device_mesh("cuda", ...) under the redirect: FSDP over the CUDA mesh refused the DTensor parameters that
+    tensor parallelism had made on the CPU ("Expects DTensor to be moved to cuda but got cpu"; pytorch/examples
+    tensor_parallelism fsdp_tp_example). The mesh is the run device's, and both ranks train through DTensor's
+    forward and backward."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    rep = _audit(tmp_path, "tensor_parallel_fsdp.py", port, devices="2")
+    run = rep["run"]
+    assert run["status"] == "ok", run
+    assert [(w["rank"], w["status"], w["optimizer_steps"]) for w in run["spawned"]] == [(0, "ok", 3), (1, "ok", 3)]
+    printed = "\n".join(run["output_tail"])
+    assert "rank 0 trained" in printed and "rank 1 trained" in printed, printed
+    mesh = _found(rep)[("runtime-redirect-device-mesh", _lines("tensor_parallel_fsdp.py", "# a CUDA mesh")["# a CUDA mesh"])]
+    assert mesh["message"].startswith("DeviceMesh('cuda', ...) was made as a cpu mesh") and "mlu" in mesh["fix"], mesh

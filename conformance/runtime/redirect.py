@@ -83,6 +83,10 @@ RULES = {
     "runtime-redirect-compile": ("info", "torch.compile ran eagerly during the audit: the ops shown are the eager "
                                  "program's, not the compiled kernels",
                                  "check the target's torch.compile backend (torch_mlu ships one) on the device"),
+    "runtime-redirect-device-mesh": ("info", "DeviceMesh({asked!r}, ...) was made as a {dev} mesh during the audit "
+                                     "(its DTensors, and FSDP over it, on {dev})",
+                                     "make the mesh for the target: init_device_mesh('mlu', ...) (torch_mlu r2.4 lists "
+                                     "DeviceMesh and init_device_mesh as supported)"),
     "runtime-redirect-ddp-device-ids": ("info", "DistributedDataParallel device_ids={asked} were dropped on {dev}",
                                         "pass the target's device index (device_ids=[local_rank] with torch.mlu)"),
     "runtime-redirect-accelerator": ("warning", "torch.accelerator.{what}() answered as a CUDA machine of {gpus} "
@@ -245,7 +249,27 @@ class DeviceRedirect(TorchFunctionMode):
         self._install_distributed()
         self._install_data_parallel()
         self._install_generator()
+        self._install_backward()
         self.__enter__()
+
+    def _install_backward(self) -> None:
+        """The backward pass runs the program's code (custom autograd Functions' ``backward``, tensor hooks; DTensor's
+        ``from_local`` moves a gradient to the mesh's device type), but ``Tensor.backward``, ``torch.autograd.grad``
+        and on torch >= 2.5 ``torch.autograd.backward`` dispatch to this mode first, and a mode's handler runs with the
+        mode off: their CUDA calls escaped the redirect ("PyTorch is not linked with support for cuda devices",
+        pytorch/examples tensor_parallelism). The engine call they all end in runs with this mode back on, where it
+        is off."""
+        from torch.overrides import _get_current_function_mode_stack
+        real = torch.autograd._engine_run_backward
+        redirect = self
+
+        def engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+            if redirect in _get_current_function_mode_stack():
+                return real(*args, **kwargs)
+            with redirect:
+                return real(*args, **kwargs)
+        engine_run_backward.__wrapped__ = real  # type: ignore[attr-defined]
+        self._patch(torch.autograd, "_engine_run_backward", engine_run_backward)
 
     def _install_generator(self) -> None:
         """``torch.Generator("cuda")`` / ``torch.Generator(device=torch.device("cuda", 1))`` make a
@@ -441,6 +465,7 @@ class DeviceRedirect(TorchFunctionMode):
 
         self._patch(dist, "init_process_group", init_process_group)
         self._patch(c10d, "init_process_group", init_process_group)
+        self._install_device_mesh()
         if self.device == "cpu":
             from torch.nn.parallel import distributed as ddp_mod
             real_ddp_init = ddp_mod.DistributedDataParallel.__init__
@@ -452,6 +477,29 @@ class DeviceRedirect(TorchFunctionMode):
                 real_ddp_init(module_self, module, None, None, *args, **kwargs)
 
             self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
+
+    def _install_device_mesh(self) -> None:
+        """A ``DeviceMesh`` (``init_device_mesh("cuda", ...)`` makes one) of CUDA type becomes a mesh of the run device:
+        its DTensors' local tensors are there already (their moves are redirected), and FSDP over a CUDA mesh refused
+        a DTensor parameter that was not on ``cuda:0`` (pytorch/examples tensor_parallelism fsdp_tp_example: "Expects
+        DTensor to be moved to cuda but got cpu")."""
+        try:
+            from torch.distributed.device_mesh import DeviceMesh
+        except ImportError:  # pragma: no cover - torch without distributed
+            return
+        real = DeviceMesh.__init__
+        redirect = self
+
+        def mesh_init(device_mesh: Any, /, *args: Any, **kwargs: Any) -> None:  # DeviceMesh takes mesh= itself
+            if args and _is_cuda(args[0]):
+                redirect.record("runtime-redirect-device-mesh", asked=args[0])
+                args = (redirect.device, *args[1:])
+            elif _is_cuda(kwargs.get("device_type")):
+                redirect.record("runtime-redirect-device-mesh", asked=kwargs["device_type"])
+                kwargs = dict(kwargs, device_type=redirect.device)
+            real(device_mesh, *args, **kwargs)
+        mesh_init.__wrapped__ = real  # type: ignore[attr-defined]
+        self._patch(DeviceMesh, "__init__", mesh_init)
 
     def rebind(self, fn: Any) -> None:
         """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker unpickles the
