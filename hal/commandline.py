@@ -5,8 +5,11 @@ It lives in the core so that models and the suite share it without importing the
 
 :func:`run_cli` parses, runs the handler and maps failures: :class:`CliError` and argparse usage
 errors exit 2 with one line on stderr (parsers built with :class:`Parser` report a usage error as
-one ``PROG: error: ...`` line, not a usage block); ``KeyboardInterrupt`` exits 130; an unexpected
-exception exits 4 with one line naming it (set ``HAL_DEBUG=1`` to see the traceback).
+one ``PROG: error: ...`` line, not a usage block); ``KeyboardInterrupt`` exits 130 and SIGTERM 143 (while the
+handler runs, SIGTERM raises :class:`Terminated` in the main thread, so the ``finally`` blocks of the work in flight
+run: the audit's child processes are killed, not left running after a ``timeout``, a CI job's cancel or torchrun
+ending its workers); an unexpected exception exits 4 with one line naming it (set ``HAL_DEBUG=1`` to see the
+traceback).
 :func:`check_number` validates a numeric option (finite, in range) with a one-line CliError.
 """
 from __future__ import annotations
@@ -15,11 +18,19 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from typing import Any, Callable
 
 EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_PROGRAM_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a command ran (:func:`run_cli`); a BaseException, so ``except Exception`` passes it
+    on to the ``finally`` blocks that stop the command's child processes."""
 
 
 class CliError(Exception):
@@ -116,6 +127,7 @@ def run_cli(parse: Callable[[], Any], handle: Callable[[Any], int], prog: str) -
     except CliError as exc:
         sys.stderr.write(f"{prog}: error: {one_line(exc)}\n")
         return exc.code
+    previous = _raise_on_sigterm()
     try:
         return int(handle(args) or 0)
     except CliError as exc:
@@ -123,7 +135,10 @@ def run_cli(parse: Callable[[], Any], handle: Callable[[Any], int], prog: str) -
         return exc.code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:
+        sys.stderr.write(f"{prog}: terminated (SIGTERM)\n")
+        return EXIT_TERMINATED
     except BrokenPipeError:
         return 0
     except Exception as exc:
@@ -132,3 +147,20 @@ def run_cli(parse: Callable[[], Any], handle: Callable[[Any], int], prog: str) -
         sys.stderr.write(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)} "
                          f"(set HAL_DEBUG=1 for the traceback)\n")
         return EXIT_INTERNAL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_on_sigterm() -> Any:
+    """Make SIGTERM raise :class:`Terminated` (main thread only; elsewhere nothing changes); returns the handler it
+    replaced, or None when it changed nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(_signum: int, _frame: Any) -> None:
+        raise Terminated()
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        return None

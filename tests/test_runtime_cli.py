@@ -44,3 +44,36 @@ def test_cli_failing_program_exits_3_with_a_report(tmp_path, script, status, bou
     assert p.returncode == 3, p.stderr[-500:]
     rep = _report(tmp_path)
     assert rep["run"]["status"] == status and rep["run"]["error"]
+
+
+def test_a_terminated_hal_audit_takes_the_audited_program_and_its_children_down(tmp_path):
+    """SIGTERM to hal-audit (a ``timeout`` command, a CI job cancelled, torchrun ending its workers) killed it and left
+    the audited program running; now the audit's own clean-up runs: the program's process group is killed and
+    hal-audit exits 143 with one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    exe = Path(sys.executable).parent / "hal-audit"
+    proc = subprocess.Popen([str(exe), str(FIX / "hang_with_child.py"), "--device", "mlu", "--timeout", "300",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "HAL_BACKEND"})
+    try:
+        deadline, grandchild = time.monotonic() + 120, None
+        while grandchild is None and time.monotonic() < deadline:  # the program's own child is up: all are running
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            grandchild = next((k for k in kids if "sleep(3600)" in " ".join(k.cmdline())), None)
+            time.sleep(0.2)
+        assert grandchild is not None, "the program never started its child"
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "hal-audit: terminated (SIGTERM)", (out, err)
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE], alive

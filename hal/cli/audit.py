@@ -23,7 +23,8 @@ requested section (--precision, --profile) could not be produced (its verdict is
 "error", the reason in the report);
 1 a ``--fail-on`` condition holds: ``finding`` = at least one error-severity finding,
 ``fallback`` = at least one op with status ``fallback``, ``precision`` = precision.first_divergence
-is not null or precision.verdict is "fail"; 0 otherwise.
+is not null or precision.verdict is "fail"; 0 otherwise. Interrupted: 130 (Ctrl-C) and 143 (SIGTERM): the audit's
+child processes are killed, no report is written.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                "patch, ops that would fall back, dtype risks, precision and profile.",
         epilog="ARGS after -- go to the audited program. Exit codes: 0 completed; 1 a --fail-on condition "
                "held; 2 bad input or usage; 3 the audited program failed or a requested section could not be "
-               "produced (report still written).",
+               "produced (report still written); 130 interrupted, 143 terminated (SIGTERM; child processes killed).",
         formatter_class=DefaultsHelpFormatter)
     add_version(p)
     p.add_argument("target", metavar="TARGET", nargs="?",

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 a check ran and failed (``hal collectives``); 2 bad input or usage (one
 ``hal: error: ...`` line on stderr, never a usage block); 4 internal error (one line); 130
-interrupted. Every numeric option is checked (finite, in range) before anything runs.
+interrupted; 143 terminated (SIGTERM; child processes killed first). Every numeric option is checked (finite, in range) before anything runs.
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                     epilog="`hal audit TARGET ...` is the migration auditor, the same as `hal-audit` "
                            "(see `hal audit --help`). Exit codes: 0 done; 1 a check ran and failed; 2 bad input "
                            "or usage; 3 an audited program failed or a requested section could not be produced; "
-                           "4 internal error; 130 interrupted.")
+                           "4 internal error; 130 interrupted; 143 terminated (SIGTERM).")
     add_version(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("audit", help="the migration auditor: the same as hal-audit (hal audit --help)",
