@@ -308,17 +308,16 @@ def _padded_rows(xs: List[torch.Tensor], lens: List[int], slot: str) -> torch.Te
     single-threaded on the CPU: 8x slower on 16K-element rows; a copy per row was 5 us of view and copy calls
     each, a third of a gpt tiny window's statistics). The matrix is the :func:`scratch` buffer ``slot`` (one slot
     per matrix alive at once: two calls with one slot share it)."""
-    longest = max(lens)
-    out = scratch(slot, len(xs), longest)
-    flat = out.view(-1)
+    out = scratch(slot, len(xs), max(lens))
     with torch.no_grad():  # the program's tensors may require grad by now (out= refuses those under grad mode)
-        _fill_padded(xs, lens, longest, out, flat)
+        _fill_padded(xs, lens, out)
     return out
 
 
-def _fill_padded(xs: List[torch.Tensor], lens: List[int], longest: int, out: torch.Tensor, flat: torch.Tensor) -> None:
-    """:func:`_padded_rows`' copies: per run of rows of one length and dtype, one concatenation (rows as long as
-    the matrix: straight into their rows; shorter ones: then one copy into their columns, and their tails zeroed)."""
+def _fill_padded(xs: List[torch.Tensor], lens: List[int], out: torch.Tensor) -> None:
+    """:func:`_padded_rows`' copies into ``out``: per run of rows of one length and dtype, one concatenation (rows as
+    long as the matrix: straight into their rows; shorter ones: then one copy into their columns, tails zeroed)."""
+    longest, flat = out.shape[1], out.view(-1)
     k, rows = 0, len(xs)
     while k < rows:
         n, dtype, j = lens[k], xs[k].dtype, k + 1
