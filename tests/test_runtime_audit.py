@@ -337,7 +337,7 @@ def test_the_programs_atexit_handlers_run_redirected_after_it_ends(tmp_path, ste
     assert ("program done" in out) == (steps is None), out
     assert out[-1] == "checkpoint saved at exit" and any("a failing exit handler" in line for line in out), out
     import torch
-    assert set(torch.load(ckpt)) == {"weight", "bias"}
+    assert set(torch.load(ckpt, weights_only=True)) == {"weight", "bias"}
 
 
 def test_a_program_hanging_in_an_atexit_handler_is_stopped_and_says_where():
