@@ -172,18 +172,17 @@ PROGRAMS = [
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
 ]
 
-#: program -> hal-audit options of its own (before the program's arguments)
-AUDIT_OPTIONS = {"examples distributed/ddp example.py (--devices 2)": ["--devices", "2"],
-                 "examples distributed/FSDP2 example.py (--devices 2)": ["--devices", "2"],
-                 "examples tensor_parallelism tensor_parallel_example.py (torchrun, 2 ranks)": ["--devices", "2"],
-                 "examples tensor_parallelism sequence_parallel_example.py (torchrun, 2 ranks)": ["--devices", "2"],
-                 "examples tensor_parallelism fsdp_tp_example.py (torchrun, 4 ranks)": ["--devices", "4"]}
 #: program -> ranks: ``torchrun --standalone --nproc-per-node N`` starts N workers, each running hal-audit on the
 #: program with its own ``--out`` (``hal-audit-out-<RANK>``), as docs/runtime-audit.md says to audit torchrun
 #: programs; the row is rank 0's report, every rank's status is in its ``workers``
 TORCHRUN = {"examples tensor_parallelism tensor_parallel_example.py (torchrun, 2 ranks)": 2,
             "examples tensor_parallelism sequence_parallel_example.py (torchrun, 2 ranks)": 2,
             "examples tensor_parallelism fsdp_tp_example.py (torchrun, 4 ranks)": 4}
+#: program -> hal-audit options of its own (before the program's arguments); a torchrun program checks for a GPU
+#: per rank, so it is told of as many devices as it has ranks
+AUDIT_OPTIONS = {"examples distributed/ddp example.py (--devices 2)": ["--devices", "2"],
+                 "examples distributed/FSDP2 example.py (--devices 2)": ["--devices", "2"],
+                 **{name: ["--devices", str(ranks)] for name, ranks in TORCHRUN.items()}}
 #: program -> why it fails here, where the cause is known and is not the audit's (the plain run cannot show it: a
 #: program that needs N GPUs exits early without the audit's --devices)
 KNOWN_CAUSES = {
@@ -278,7 +277,7 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
                        env={**os.environ, **env}, timeout=timeout + 120)
     seconds = round(time.monotonic() - t0, 1)
     try:
-        report = json.loads((work / "hal-audit-out-0" / "audit.json").read_text() if ranks else p.stdout)
+        report = json.loads((Path(f"{out}-0") / "audit.json").read_text() if ranks else p.stdout)
     except (OSError, ValueError):
         report = {}
     run = report.get("run") or {}
@@ -286,7 +285,7 @@ def run_program(entry: tuple, corpus: Path, scratch: Path, timeout: float, pytho
     tail = " ".join(run.get("output_tail") or [])
     plain: dict = {}
     if ranks:  # every rank's status as the row's workers
-        run = {**run, "spawned": [_rank_report(work / f"hal-audit-out-{r}", r) for r in range(ranks)]}
+        run = {**run, "spawned": [_rank_report(Path(f"{out}-{r}"), r) for r in range(ranks)]}
     if run.get("status") == "ok":
         cause = ""
     elif any(e in error or e in tail for e in _ENV_ERRORS):

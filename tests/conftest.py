@@ -12,6 +12,7 @@ Also, for the whole suite:
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,10 @@ def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None, 
     exe = Path(sys.executable).parent / args[0]
     return subprocess.run([str(exe), *args[1:]], capture_output=True, text=True, env=full_env,
                           cwd=cwd, timeout=timeout, input=input)
+
+
+def free_port() -> str:
+    """A TCP port free on this machine now, for the rendezvous of a fixture's ranks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from hal.conformance import workload_audit as wa
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, free_port, run_cli
 
 FIX = ROOT / "tests" / "fixtures"
 NAIVE = FIX / "precision" / "naive_softmax_fp16.py"
@@ -376,10 +376,7 @@ def test_mp_spawn_ddp_workers_get_both_sections(tmp_path):
     DDP's reducer writes the reduced gradients back from the process group's thread, where no mode sees it: the
     values a compared op read are copied before each collective, so its float64 shadow does not see the reduced
     ones (before that guard the gradient scaling ``mul`` of the reducer was blamed, 'introduced', rms_rel 1.0)."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    port = free_port()
     r, doc = _audit(tmp_path, str(FIX / "runtime" / "spawn_ranks.py"), "--device", "mlu", "--precision", "--profile",
                     "--steps", "2", "--", port)
     # the run's own account first: one CI run on torch 2.4.1 failed here ("the program did not finish") and passed

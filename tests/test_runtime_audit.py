@@ -4,12 +4,12 @@ Nothing here runs on an MLU: every MLU status is predicted from the capability d
 check that it says so (target.verified False)."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import psutil
 import pytest
 
+from conftest import free_port
 from hal.conformance.runtime import audit_target
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "runtime"
@@ -88,9 +88,7 @@ def test_cuda_habits_dataloader_properties_nvtx_and_autocast_decorator_run_redir
 
 
 def test_nccl_init_is_redirected_to_gloo(tmp_path, monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("AUDIT_FIXTURE_DIST", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))

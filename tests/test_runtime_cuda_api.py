@@ -156,12 +156,9 @@ def test_public_script_patterns_run_to_ok_with_findings_on_the_program_lines(tmp
 
 
 def test_mp_spawn_ranks_run_with_the_redirect_and_nccl_bound_at_import():
-    import socket
-
+    from conftest import free_port
     from hal.conformance.runtime import audit_target
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    port = free_port()
     s = audit_target({"target": str(FIX / "spawn_nccl.py"), "kind": "script", "device": "mlu", "args": [port],
                       "steps": None, "timeout": 180, "out": None})
     assert s["run"]["status"] == "ok", s["run"]

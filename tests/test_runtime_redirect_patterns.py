@@ -6,12 +6,11 @@ accelerator fixture takes torch.cuda on 2.4 (where the audit must not need torch
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import torch
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "runtime"
 HAS_ACCEL = hasattr(torch, "accelerator")
@@ -33,13 +32,6 @@ def _lines(script: str, *needles: str) -> dict[str, int]:
 
 def _found(rep: dict) -> dict[tuple[str, int], dict]:
     return {(f["rule"], f["line"]): f for f in rep["findings"]}
-
-
-def _free_port() -> str:
-    """A TCP port free on this machine now, for the rendezvous of a fixture's ranks."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def _ops(rep: dict) -> set[str]:
@@ -103,7 +95,7 @@ def test_cuda_generators_and_seeds_work_and_repeat(tmp_path):
 
 
 def test_mp_spawn_workers_run_redirected_and_their_ops_are_merged(tmp_path):
-    port = _free_port()
+    port = free_port()
     rep = _audit(tmp_path, "spawn_ranks.py", port, steps="2")
     run = rep["run"]
     assert run["status"] == "ok", run
@@ -128,7 +120,7 @@ def test_devices_n_lets_a_program_that_needs_n_gpus_run_its_n_ranks(tmp_path):
     """pytorch/examples distributed/ddp/example.py exits "Unable to locate sufficient 2 gpus" under the redirect's
     one device. With ``--devices 2`` the program finds two, spawns a rank per device, and each rank runs audited on
     the CPU (NCCL as gloo) with the device it set as its current one."""
-    port = _free_port()
+    port = free_port()
     one = _audit(tmp_path / "one", "needs_two_gpus.py", port)
     assert one["run"]["output_tail"] == ["Unable to locate sufficient 2 gpus to run this example (1). Exiting."]
     assert one["run"]["steps"] == 0 and not one["run"].get("spawned")
@@ -165,7 +157,7 @@ def test_a_tensor_parallel_model_sharded_by_fsdp_trains_on_a_cuda_mesh_made_for_
     tensor parallelism had made on the CPU ("Expects DTensor to be moved to cuda but got cpu"; pytorch/examples
     tensor_parallelism fsdp_tp_example). The mesh is the run device's, and both ranks train through DTensor's
     forward and backward."""
-    port = _free_port()
+    port = free_port()
     rep = _audit(tmp_path, "tensor_parallel_fsdp.py", port, devices="2")
     run = rep["run"]
     assert run["status"] == "ok", run
