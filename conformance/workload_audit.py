@@ -69,6 +69,10 @@ def precision_and_profile(request: dict, fallback_ops: list[str]) -> dict:
     out: dict[str, Any] = {"precision": None, "profile": None}
     if not (want_p or want_f):
         return out
+    from hal.conformance.runtime.runner import INTERRUPTS, interruption
+    if interruption():  # the run was stopped by Ctrl-C or SIGTERM: no section starts
+        why = f"the audit was interrupted ({INTERRUPTS[interruption()]}) before this section ran"
+        return {"precision": _not_run(why) if want_p else None, "profile": _not_run(why) if want_f else None}
     if request["kind"] in ("script", "module", "notebook"):
         return program_sections(request, fallback_ops)
     if request["kind"] not in ("model", "func"):

@@ -309,7 +309,10 @@ def lead(report: dict, root: Optional[str] = None, rows: Optional[list] = None,
     else:
         verdict = "no device-specific code found"
     verdict += "; " + _fallback_fact(report, ops)
-    if failed:
+    interrupted = run.get("interrupted")  # stopped by Ctrl-C / SIGTERM to the audit: not the program's failure
+    if interrupted:
+        verdict = f"the run was interrupted ({'Ctrl-C' if interrupted == 'SIGINT' else interrupted}); " + verdict
+    elif failed:
         verdict = f"the program failed ({run.get('status')}); " + verdict
     banner = None
     if not t.get("verified"):
@@ -347,7 +350,10 @@ def lead(report: dict, root: Optional[str] = None, rows: Optional[list] = None,
     if diverged:
         steps.append({"text": "precision diverged: start from the first divergence (see Precision).",
                       "command": None})
-    if failed:
+    if interrupted:
+        steps.append({"text": "the run was stopped before its end: what it covers is what ran until then; audit it "
+                              "again (a smaller --steps bounds it) for the rest.", "command": None})
+    elif failed:
         steps.append({"text": "the program did not finish: see Run for its last output.", "command": None})
     if not t.get("verified") and not failed:
         steps.append({"text": f"verify on a machine with {device}: run the same audit there; results it measures "

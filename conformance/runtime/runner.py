@@ -4,7 +4,9 @@
 ``start_new_session=True``, tails its merged stdout/stderr through a reader thread into a bounded
 deque (the last :data:`TAIL_LINES` lines, each cut to :data:`MAX_LINE` characters: megabytes of
 output never accumulate), enforces the timeout (SIGTERM to the whole group, so the child writes
-its partial result, then SIGKILL after a grace period), and always kills the group before
+its partial result, then SIGKILL after a grace period), stops it the same way when the audit is interrupted
+(Ctrl-C, or SIGTERM as :class:`hal.commandline.Terminated`: the partial result is kept, ``run.interrupted`` names
+the signal, and no later child of this process starts, :func:`interruption`), and always kills the group before
 returning so no process the program started outlives the audit; descendants that left the group
 (``setsid`` daemons) are found by a per-run token in their environment, killed, and listed in
 ``run.escaped_processes`` (``run.surviving_processes`` for any that could not be killed). It classifies how the child
@@ -24,10 +26,27 @@ import time
 import uuid
 from typing import Optional
 
+from hal.commandline import Terminated
+
 TAIL_LINES = 40
 MAX_LINE = 400
 TERM_GRACE_S = 3.0
 RUN_TOKEN = "HAL_AUDIT_RUN_TOKEN"  # in the child's environment: finds descendants that left the group
+#: how each interrupt is named in ``run.error``
+INTERRUPTS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+_interrupted: list[str] = []  # the first interrupt that stopped a child run of this process
+
+
+def interruption() -> Optional[str]:
+    """``"SIGINT"`` or ``"SIGTERM"`` once an interrupt stopped a child run of this process (:func:`run_child`), else
+    None. From then on :func:`run_child` starts nothing (the audit writes its report with what ran; its exit code
+    says it was interrupted). Process-wide; set from the main thread, read anywhere."""
+    return _interrupted[0] if _interrupted else None
+
+
+def clear_interruption() -> None:
+    """Forget an earlier interrupt (a command starting a new audit in the same process)."""
+    _interrupted.clear()
 
 
 class _Tail:
@@ -123,10 +142,29 @@ def _kill_escaped(token: str) -> tuple[list[dict], list[dict]]:
     return killed, survivors
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the child's group (the child writes its partial result), SIGKILL after :data:`TERM_GRACE_S`."""
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: Optional[dict] = None,
               module: str = "hal.conformance.runtime.child") -> dict:
     """Run ``python -m module spec_path`` as the child; return ``{"run": {...}, plus the child's
-    result keys when it wrote them}``. The child writes ``result_path`` (named in its spec)."""
+    result keys when it wrote them}``. The child writes ``result_path`` (named in its spec).
+
+    Interrupted while it waits (KeyboardInterrupt, :class:`Terminated`), it stops the child as at the timeout (the
+    child writes what it saw), returns that result with ``run.status`` "error" and ``run.interrupted``, and records
+    the interrupt (:func:`interruption`); a second interrupt while the child stops propagates (the group is still
+    killed). After an interrupt it runs nothing: ``run.status`` "skipped", ``run.interrupted`` set."""
+    if _interrupted:
+        why = INTERRUPTS[_interrupted[0]]
+        return {"run": {"status": "skipped", "steps": 0, "seconds": 0.0, "interrupted": _interrupted[0],
+                        "error": f"not run: the audit was interrupted ({why})"}}
     cmd = [sys.executable, "-m", module, spec_path]
     t0 = time.perf_counter()
     token = uuid.uuid4().hex
@@ -134,17 +172,16 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)
     tail = _Tail(proc.stdout)
-    timed_out = False
+    timed_out, interrupted = False, None
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop(proc)
+    except (KeyboardInterrupt, Terminated) as exc:
+        interrupted = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        _interrupted[:] = [interrupted]
+        _stop(proc)
     finally:
         _kill_group(proc.pid, signal.SIGKILL)  # whatever the program left behind in its group
         if proc.poll() is None:
@@ -163,7 +200,12 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
             result = {}
     run = dict(result.get("run") or {})
     rc = proc.returncode
-    if timed_out:
+    if interrupted:
+        steps = run.get("steps") or 0
+        run.update(status="error", interrupted=interrupted, exit_code=None,
+                   error=f"the audit was interrupted ({INTERRUPTS[interrupted]}) and the program was stopped after "
+                         f"{steps} step{'' if steps == 1 else 's'}: the report covers what ran until then")
+    elif timed_out:
         where = " (in its atexit handlers)" if run.get("at_exit") else ""
         run.update(status="timeout", error=f"the program did not finish within the {timeout:g} s timeout{where} "
                                            f"and was stopped", exit_code=None)

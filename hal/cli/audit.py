@@ -23,8 +23,11 @@ requested section (--precision, --profile) could not be produced (its verdict is
 "error", the reason in the report);
 1 a ``--fail-on`` condition holds: ``finding`` = at least one error-severity finding,
 ``fallback`` = at least one op with status ``fallback``, ``precision`` = precision.first_divergence
-is not null or precision.verdict is "fail"; 0 otherwise. Interrupted: 130 (Ctrl-C) and 143 (SIGTERM): the audit's
-child processes are killed, no report is written.
+is not null or precision.verdict is "fail"; 0 otherwise. Interrupted: 130 (Ctrl-C) and 143 (SIGTERM). While the
+audited program runs, an interrupt stops it as the timeout does and the report is still written with what ran
+until then (``run.status`` "error", ``run.interrupted`` the signal; a --precision/--profile section not reached is
+"not-run", the reason saying so). An interrupt at any other moment, or a second one while the program stops, kills
+the audit's child processes and writes no report.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import sys
 import time
 from typing import Optional
 
-from hal.commandline import (EXIT_FAIL_ON, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
+from hal.commandline import (EXIT_FAIL_ON, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_TERMINATED, CliError, DefaultsHelpFormatter, Parser, add_version, check_number,
                             emit, run_cli)
 from hal.cli.outlock import OutBusyError, out_lock
 from hal.cli.progress import AUDIT_PHASES, make_progress
@@ -59,7 +62,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                "patch, ops that would fall back, dtype risks, precision and profile.",
         epilog="ARGS after -- go to the audited program. Exit codes: 0 completed; 1 a --fail-on condition "
                "held; 2 bad input or usage; 3 the audited program failed or a requested section could not be "
-               "produced (report still written); 130 interrupted, 143 terminated (SIGTERM; child processes killed).",
+               "produced (report still written); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): the running "
+               "program is stopped and the report written with what ran until then.",
         formatter_class=DefaultsHelpFormatter)
     add_version(p)
     p.add_argument("target", metavar="TARGET", nargs="?",
@@ -301,7 +305,25 @@ def handle(args: argparse.Namespace) -> int:
         except OutBusyError as exc:
             raise CliError(str(exc)) from None
     emit(text)
+    interrupted = _interruption()
+    if interrupted:
+        sys.stderr.write(f"{args.prog}: {'interrupted' if interrupted == 'SIGINT' else 'terminated (SIGTERM)'}: the "
+                         f"program was stopped; the report in {args.out} covers what ran until then\n")
+        return EXIT_INTERRUPTED if interrupted == "SIGINT" else EXIT_TERMINATED
     return code
+
+
+def _interruption(clear: bool = False) -> Optional[str]:
+    """The interrupt that stopped the audited program in this audit ("SIGINT", "SIGTERM"), or None
+    (:func:`hal.conformance.runtime.runner.interruption`; None when the runtime audit is not installed).
+    ``clear``: forget it first (a new audit starts)."""
+    try:
+        from hal.conformance.runtime import runner
+    except ModuleNotFoundError:
+        return None
+    if clear:
+        runner.clear_interruption()
+    return runner.interruption()
 
 
 def audit_phases(args: argparse.Namespace, kind: str) -> list[str]:
@@ -324,6 +346,7 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         run = {"status": "skipped", "steps": None, "seconds": None, "error": None,
                "reason": "folder targets are audited statically" if kind == "folder" else "--static-only"}
     else:
+        _interruption(clear=True)  # an earlier audit in this process (hal's own tests) was interrupted: not this one
         t0 = time.perf_counter()
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
