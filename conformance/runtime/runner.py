@@ -164,7 +164,7 @@ def run_child(spec_path: str, result_path: str, timeout: Optional[float], env: O
     if _interrupted:
         why = INTERRUPTS[_interrupted[0]]
         return {"run": {"status": "skipped", "steps": 0, "seconds": 0.0, "interrupted": _interrupted[0],
-                        "error": f"not run: the audit was interrupted ({why})"}}
+                        "error": f"the audit was interrupted ({why}) before it started"}}
     cmd = [sys.executable, "-m", module, spec_path]
     t0 = time.perf_counter()
     token = uuid.uuid4().hex
