@@ -404,9 +404,16 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     n = min(len(lt), len(lr))
     drift = None
     if missing is None and n and not any("differ" in x for x in pr.get("reasons") or []):
-        drift = drift_stats(lt[:n], lr[:n])
-        if len(lt) != len(lr):
+        same_data = _losses_on_same_inputs(pr, ref_run)
+        if same_data is not None and same_data[0] < n:
+            n, forward = max(1, same_data[0]), same_data[1]  # the window's own loss was checked with its inputs
+            not_compared.append(f"loss curve: the inputs of top-level forward {forward} (after the compared window) "
+                                "differ from the float64 reference run's (data order not reproducible, or an input "
+                                f"the program computed outside its modules): the first {n} of {len(lt)} losses "
+                                "compared")
+        elif len(lt) != len(lr):
             not_compared.append(f"loss curve: {len(lt)} target vs {len(lr)} reference losses; the first {n} compared")
+        drift = drift_stats(lt[:n], lr[:n])
         compute = getattr(torch, pr.get("compute_dtype") or "float32", torch.float32)
         rows = rows + _tensor_rows("loss", [("loss", _t(lt[0], torch.float32), _t(lr[0], torch.float64))],
                                    compute, SCRIPT_MAX_ELEMENTS)
@@ -445,6 +452,18 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     if note:
         section["note"] = note
     return json_safe(section)
+
+
+def _losses_on_same_inputs(target: dict, reference: dict) -> Optional[tuple]:
+    """``(k, f)`` when top-level forward ``f`` (1-based) is the first whose inputs differ between the two precision
+    runs (their ``input_fps``): only the first ``k`` target losses (those recorded before it ran, by
+    ``loss_forwards``) were computed on the same data. None when every fingerprinted forward matches."""
+    from hal.conformance.precision.script import _same_fp
+    fps_t, fps_r = target.get("input_fps") or [], reference.get("input_fps") or []
+    first = next((i for i, (a, b) in enumerate(zip(fps_t, fps_r)) if not _same_fp(a, b)), None)
+    if first is None:
+        return None
+    return sum(1 for f in target.get("loss_forwards") or [] if f <= first), first + 1
 
 
 def _t(v: float, dtype: Any):

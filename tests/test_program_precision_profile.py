@@ -616,3 +616,28 @@ def test_a_module_trained_through_its_forward_method_is_named_as_why_the_referen
                            "    layer.opt.zero_grad()\n    loss.backward()\n    layer.opt.step()\n", steps=3)
     ended = [line for line in p["not_compared"] if line.startswith("the float64 reference run ended early")]
     assert ended and "invalid gradient" in ended[0] and "module.forward(x)" in ended[0], p["not_compared"]
+
+
+@pytest.mark.parametrize("seed", ["os.urandom", "fixed"])
+def test_the_loss_curve_is_compared_only_while_both_runs_get_the_same_data(tmp_path, seed):
+    """The inputs of the top-level forwards after the compared window are fingerprinted too: where the program's data
+    order is not reproducible (here a generator seeded from os.urandom after the first batch), the loss curve is
+    compared only up to the first forward whose inputs differ, and the report says so; with a fixed seed every loss
+    is compared and nothing is said. A detached batch a model computed (the GAN test) is no such difference."""
+    seeding = ("int.from_bytes(os.urandom(8), 'little') >> 1" if seed == "os.urandom" else "1234")
+    p = _program_precision(tmp_path, "data_order.py", "import os\nimport torch\ntorch.manual_seed(0)\n"
+                           "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                           f"gen = torch.Generator().manual_seed({seeding})\n"
+                           "for step in range(4):\n"
+                           "    x = torch.randn(8, 4, generator=gen) if step else torch.ones(8, 4)\n"
+                           "    loss = model(x).square().mean()\n    opt.zero_grad()\n"
+                           "    loss.backward()\n    opt.step()\n", steps=4)
+    assert p["verdict"] == "pass", p.get("first_divergence")
+    losses = p["drift"]["losses_target"]
+    if seed == "fixed":
+        assert len(losses) == 4 and p["not_compared"] == [], p["not_compared"]
+    else:
+        assert len(losses) == 1 and p["not_compared"] == [
+            "loss curve: the inputs of top-level forward 2 (after the compared window) differ from the float64 "
+            "reference run's (data order not reproducible, or an input the program computed outside its modules): "
+            "the first 1 of 4 losses compared"], p["not_compared"]

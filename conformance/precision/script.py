@@ -311,6 +311,18 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
     return [float(len(ts)), s, w]
 
 
+#: top-level forwards whose inputs are fingerprinted (the data-order checks), from the program's first
+MAX_INPUT_FPS = 256
+
+
+def _storage_ptr(t: torch.Tensor) -> Optional[int]:
+    """The address of ``t``'s storage (views and ``detach()`` share it), or None for a tensor without one."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _same_fp(a, b, rel: float = 1e-6) -> bool:
     if a is None or b is None or len(a) != len(b):
         return False
@@ -364,6 +376,14 @@ class ProgramPrecision:
         self.param_names: Dict[int, str] = {}
         self.init_fp: Optional[list] = None
         self.input_fps: List[list] = []
+        #: for each loss in :attr:`losses`, how many top-level forwards had run when it was recorded (the parent
+        #: compares the loss curve up to the first forward whose inputs differ between the runs)
+        self.loss_forwards: List[int] = []
+        #: top-level forwards so far, and the latest top-level outputs with their storages (after the window, an
+        #: input sharing the storage of one still alive, ``fake.detach()``, was computed by the program, not given
+        #: it: not fingerprinted; a dead one's address may be a new batch's by now)
+        self.top_forwards = 0
+        self._top_outputs: "collections.deque[tuple]" = collections.deque(maxlen=64)
         self.grads: Dict[str, torch.Tensor] = {}
         self.params: Dict[str, torch.Tensor] = {}
         self.grads_at_backward: Optional[int] = None
@@ -580,6 +600,7 @@ class ProgramPrecision:
                 self.tracer._internal = True
             try:
                 self.losses.append(float(t.detach().to("cpu", torch.float64)))
+                self.loss_forwards.append(self.top_forwards)
             finally:
                 if self.tracer is not None:
                     self.tracer._internal = prev
@@ -619,6 +640,9 @@ class ProgramPrecision:
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._depth:
             self._depth -= 1
+        if self._depth == 0:
+            self._top_outputs.extend((_storage_ptr(t), weakref.ref(t)) for t in tree_flatten(output)[0]
+                                     if isinstance(t, torch.Tensor))
         if self.window == "open" and self.tracer is not None:
             self.tracer._post(self.modules._name(module))(module, args, output)
         if self._depth == 0 and self.window == "open" and not torch.is_grad_enabled() \
@@ -629,6 +653,7 @@ class ProgramPrecision:
         return bool(getattr(self.limiter, "optimizers_built", 0) or len(self.optimizers))
 
     def _top_pre(self, module: torch.nn.Module, args: Any) -> None:
+        self.top_forwards += 1
         if self.window == "open" and self.backwards > self._backwards_at_open and torch.is_grad_enabled():
             if not self._optimizer_built():  # the gradients were sampled at the first backward's end
                 self._close("the next training forward began after a backward (the program built no optimizer; "
@@ -649,6 +674,12 @@ class ProgramPrecision:
                 self._take_params(self._root_params())
             if self.role == "reference" and module not in self.converted:
                 self._convert(module)
+            if len(self.input_fps) < MAX_INPUT_FPS:  # the loss curve's data-order check (the parent compares them)
+                outputs = {ptr for ptr, ref in self._top_outputs if ref() is not None}
+                with self._internal():
+                    self.input_fps.append(_fingerprint([
+                        t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is None
+                        and _storage_ptr(t) not in outputs]))
             return
         with self._internal():
             root = type(module).__name__
@@ -664,7 +695,7 @@ class ProgramPrecision:
             made = self.tracer.produced if self.tracer is not None and self.tracer.recording else lambda t: False
             fp = _fingerprint([t for t in tree_flatten(args)[0]
                                if isinstance(t, torch.Tensor) and t.grad_fn is None and not made(t)])
-            if len(self.input_fps) < 256:
+            if len(self.input_fps) < MAX_INPUT_FPS:
                 self.input_fps.append(fp)
             if self.role == "target" and self.ref is not None and self.ref_usable:
                 if self.window == "not started" and not _same_fp(self.init_fp, self.ref.get("init_fp")):
@@ -866,6 +897,7 @@ class ProgramPrecision:
             window = f"ops: {self.closed_by}; gradients: {self.grads_at}"
         out: Dict[str, Any] = {"role": self.role, "window_closed_by": window, "window": self.window,
                                "losses": self.losses, "scaled_losses": self.scaled_losses,
+                               "loss_forwards": self.loss_forwards, "input_fps": self.input_fps,
                                "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
