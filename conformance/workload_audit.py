@@ -458,9 +458,9 @@ def _losses_on_same_inputs(target: dict, reference: dict) -> Optional[tuple]:
     """``(k, f)`` when top-level forward ``f`` (1-based) is the first whose inputs differ between the two precision
     runs (their ``input_fps``): only the first ``k`` target losses (those recorded before it ran, by
     ``loss_forwards``) were computed on the same data. None when every fingerprinted forward matches."""
-    from hal.conformance.precision.script import _same_fp
+    from hal.conformance.precision.script import same_fingerprint
     fps_t, fps_r = target.get("input_fps") or [], reference.get("input_fps") or []
-    first = next((i for i, (a, b) in enumerate(zip(fps_t, fps_r)) if not _same_fp(a, b)), None)
+    first = next((i for i, (a, b) in enumerate(zip(fps_t, fps_r)) if not same_fingerprint(a, b)), None)
     if first is None:
         return None
     return sum(1 for f in target.get("loss_forwards") or [] if f <= first), first + 1

@@ -323,7 +323,9 @@ def _storage_ptr(t: torch.Tensor) -> Optional[int]:
         return None
 
 
-def _same_fp(a, b, rel: float = 1e-6) -> bool:
+def same_fingerprint(a, b, rel: float = 1e-6) -> bool:
+    """Whether two :func:`_fingerprint` lists agree within ``rel`` (False when either is missing): the same data, up
+    to the rounding of a float32 value computed in float64."""
     if a is None or b is None or len(a) != len(b):
         return False
     return all(abs(x - y) <= rel * max(1.0, abs(x), abs(y)) for x, y in zip(a, b))
@@ -698,12 +700,12 @@ class ProgramPrecision:
             if len(self.input_fps) < MAX_INPUT_FPS:
                 self.input_fps.append(fp)
             if self.role == "target" and self.ref is not None and self.ref_usable:
-                if self.window == "not started" and not _same_fp(self.init_fp, self.ref.get("init_fp")):
+                if self.window == "not started" and not same_fingerprint(self.init_fp, self.ref.get("init_fp")):
                     self._drop_reference("initial weights differ between the target and the float64 reference run "
                                          "(initialisation not reproducible under a fixed seed): totals not compared")
                 i = len(self.input_fps) - 1
                 ref_fps = self.ref.get("input_fps") or []
-                if self.ref_usable and (i >= len(ref_fps) or not _same_fp(fp, ref_fps[i])):
+                if self.ref_usable and (i >= len(ref_fps) or not same_fingerprint(fp, ref_fps[i])):
                     self._drop_reference(f"the inputs of top-level forward {i + 1} differ from the float64 reference "
                                          "run's (data order not reproducible): totals not compared")
             if self.role == "reference" and module not in self.converted:
