@@ -388,6 +388,15 @@ def torch_version(python: str) -> str:
     return _TORCH[python]
 
 
+def _selects(pattern: str, name: str) -> bool:
+    """Whether ``--only`` ``pattern`` selects program ``name``: the whole name of a program selects it alone, any other
+    pattern every name it is a substring of (case-insensitive)."""
+    p = pattern.lower()
+    if any(p == q[0].lower() for q in PROGRAMS):
+        return p == name.lower()
+    return p in name.lower()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=os.environ.get("HAL_CORPUS", "/work/corpus"))
@@ -395,7 +404,8 @@ def main() -> None:
     ap.add_argument("--sections", action="store_true",
                     help="audit with --precision --profile and tabulate those sections (issue 17)")
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--only", nargs="*", help="substrings of program names to run")
+    ap.add_argument("--only", nargs="*", help="substrings of program names to run (a whole name selects that program "
+                                              "alone: 'examples mnist' is not also mnist_rnn)")
     ap.add_argument("--merge", action="store_true", help="keep the other programs' rows already in --out")
     ap.add_argument("--python", action="append", default=[], metavar="KIND=PATH",
                     help="the interpreter for the rows RUNS_UNDER gives that kind (tv, t24)")
@@ -405,7 +415,7 @@ def main() -> None:
     a = ap.parse_args()
     a.out = a.out or f"reports/corpus/{'sections' if a.sections else 'corpus'}.json"
     pythons = interpreters(a.python)
-    progs = [p for p in PROGRAMS if not a.only or any(s.lower() in p[0].lower() for s in a.only)]
+    progs = [p for p in PROGRAMS if not a.only or any(_selects(s, p[0]) for s in a.only)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="hal-corpus-") as d:
         for entry in progs:
