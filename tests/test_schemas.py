@@ -40,7 +40,7 @@ SHAPES: dict[str, dict] = {
     "reports/*precision-*.json": {"allOf": [{"$ref": "urn:hal:hal-audit/1#/$defs/precision"},
                                             _req("reference", "target", "metrics", "first_divergence", "verdict",
                                                  "verified", "thresholds")]},
-    "reports/precision/*.json": {"allOf": [{"$ref": "urn:hal:hal-audit/1#/$defs/precision"},
+    "reports/precision/cpu-*.json": {"allOf": [{"$ref": "urn:hal:hal-audit/1#/$defs/precision"},
                                            _req("reference", "target", "metrics", "first_divergence", "verdict",
                                                 "verified", "thresholds")]},
     "reports/*/profile.json": {"allOf": [{"$ref": "urn:hal:hal-audit/1#/$defs/profile"},
