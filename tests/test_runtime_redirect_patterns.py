@@ -21,7 +21,10 @@ def _audit(tmp_path: Path, script: str, *args: str, steps: str | None = None, de
     p = run_cli("hal-audit", str(FIX / script), "--device", "mlu", *(["--steps", steps] if steps else []),
                 *(["--devices", devices] if devices else []),
                 "--out", str(out), "--format", "json", "--", *args, timeout=400)
-    assert p.returncode == 0, (p.returncode, p.stderr[-2000:], p.stdout[-2000:])
+    if p.returncode != 0:  # the run's own account first (the JSON's tail is mostly the op table)
+        run = json.loads((out / "audit.json").read_text()).get("run", {}) if (out / "audit.json").exists() else {}
+        raise AssertionError((p.returncode, p.stderr[-2000:], {k: run.get(k) for k in (
+            "status", "error", "steps", "stopped_by", "spawned", "output_tail")}))
     return json.loads((out / "audit.json").read_text())
 
 
