@@ -70,8 +70,9 @@ def precision_and_profile(request: dict, fallback_ops: list[str]) -> dict:
     if not (want_p or want_f):
         return out
     from hal.conformance.runtime.runner import INTERRUPTS, interruption
-    if interruption():  # the run was stopped by Ctrl-C or SIGTERM: no section starts
-        why = f"the audit was interrupted ({INTERRUPTS[interruption()]}) before this section ran"
+    interrupted = interruption()
+    if interrupted:  # the run was stopped by Ctrl-C or SIGTERM: no section starts
+        why = f"the audit was interrupted ({INTERRUPTS[interrupted]}) before this section ran"
         return {"precision": _not_run(why) if want_p else None, "profile": _not_run(why) if want_f else None}
     if request["kind"] in ("script", "module", "notebook"):
         return program_sections(request, fallback_ops)

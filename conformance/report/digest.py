@@ -311,7 +311,8 @@ def lead(report: dict, root: Optional[str] = None, rows: Optional[list] = None,
     verdict += "; " + _fallback_fact(report, ops)
     interrupted = run.get("interrupted")  # stopped by Ctrl-C / SIGTERM to the audit: not the program's failure
     if interrupted:
-        verdict = f"the run was interrupted ({'Ctrl-C' if interrupted == 'SIGINT' else interrupted}); " + verdict
+        from hal.conformance.runtime.runner import INTERRUPTS
+        verdict = f"the run was interrupted ({INTERRUPTS.get(interrupted, interrupted)}); " + verdict
     elif failed:
         verdict = f"the program failed ({run.get('status')}); " + verdict
     banner = None
