@@ -7,8 +7,11 @@ step (the CUDA autocast TransformerEncoder fixture: autocast float16, GradScaler
 under each activity set, to say which part costs what before any redesign:
 
 * ``plain``: no profiler;
-* ``cpu+device``: what the audit uses; ``device``: the device activity alone (kernels and
-  runtime calls, no operator events); ``cpu``: operator events alone.
+* ``cpu+device``: the CPU and device activities; ``device``: the device activity alone (kernels and
+  runtime calls, no operator events: what the audit's timed steps record); ``cpu``: operator events alone;
+* ``device, no external correlation``: as ``device``, with Kineto's external correlation (the op ids pushed
+  around every launch, for linking kernels to ops) off (``_ExperimentalConfig(disable_external_correlation=True)``,
+  torch >= 2.5; absent where torch lacks it).
 
 Method: variants interleaved round by round (``--rounds``), each round ``--steps`` steps of each
 variant after one untimed warm-up step per profiler session; a step is timed on the host clock
@@ -32,6 +35,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "fixtures", "precision"))
+
+
+def _lean_config():
+    """``_ExperimentalConfig(disable_external_correlation=True)``, or None where this torch lacks the field."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+        return _ExperimentalConfig(disable_external_correlation=True)
+    except (ImportError, TypeError):
+        return None
 
 
 def main(argv=None) -> int:
@@ -67,8 +79,13 @@ def main(argv=None) -> int:
     device_act = {"cuda": ProfilerActivity.CUDA}.get(dev.type)
     variants = {"plain": None, "cpu+device": [ProfilerActivity.CPU] + ([device_act] if device_act else []),
                 "cpu": [ProfilerActivity.CPU]}
+    configs = {}  # variant -> its experimental_config
     if device_act:
         variants["device"] = [device_act]
+        lean = _lean_config()
+        if lean is not None:
+            variants["device, no external correlation"] = [device_act]
+            configs["device, no external correlation"] = lean
 
     def timed(n):
         out = []
@@ -88,7 +105,8 @@ def main(argv=None) -> int:
             if acts is None:
                 times[name] += timed(a.steps)
                 continue
-            with profile(activities=acts) as prof:
+            kw = {"experimental_config": configs[name]} if name in configs else {}
+            with profile(activities=acts, **kw) as prof:
                 step()  # the session's first step (its setup) is not timed
                 times[name] += timed(a.steps)
             prof.key_averages()  # what the audit reads after the session

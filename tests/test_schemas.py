@@ -133,6 +133,8 @@ SHAPES.update({p.replace("reports/cuda/", "reports/cuda/h100/"): SHAPES[p] for p
     "reports/cuda/env-*.json", "reports/cuda/bench_kernels-*.json", "reports/cuda/e2e_gpt2small-*.json",
     "reports/cuda/tune_norm_bwd*.json")})
 SHAPES["reports/cuda/h100/bench_program_sections_*.json"] = SHAPES["reports/h200/program-sections/bench_program_sections_*.json"]
+for _kind in ("bench_precision", "bench_profiler_configs"):
+    SHAPES[f"reports/cuda/h100/{_kind}_*.json"] = SHAPES[f"reports/h200/program-sections/{_kind}_*.json"]
 SHAPES["reports/precision/program-sections-cpu-*.json"] = SHAPES["reports/h200/program-sections/bench_program_sections_*.json"]
 #: `schema` names of benchmark outputs the package does not publish -> their shape
 SHAPES_BY_SCHEMA: dict[str, dict] = {
