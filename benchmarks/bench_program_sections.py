@@ -20,7 +20,9 @@ Each repeat makes, interleaved (background load hits every variant alike), the r
   (plain steps run first, before any profiler); goal <= 1.2x.
 
 The window includes the batched statistics and the float64 shadows computed at its end (``statistics_ms``
-and ``shadows_ms`` of it; the rest is the program and the per-op bookkeeping). Prints a tabulate table
+and ``shadows_ms`` of it; the rest is the program and the per-op bookkeeping). ``--cprofile PATH`` runs the primed window under
+cProfile (``$HAL_PRECISION_CPROFILE``; stats in ``PATH.<pid>``): where that time goes, at cProfile's own cost (its
+ratio is then no overhead figure). Prints a tabulate table
 (medians and minima over repeats) and writes JSON (``--out``, default
 out/bench_program_sections.json). Default script: the CUDA autocast TransformerEncoder fixture,
 redirected to the CPU here (``--device mlu``), on the GPU with ``--device cuda``.
@@ -78,6 +80,9 @@ def main(argv=None) -> int:
                    help="on a device that computes float64, skip the windows with the float64 shadows on the CPU")
     p.add_argument("--profile-only", action="store_true",
                    help="only the profile section (its overhead ratio over more repeats, quicker)")
+    p.add_argument("--cprofile", metavar="PATH",
+                   help="the primed run's compared window under cProfile, its stats written to PATH.<pid> (pstats; "
+                        "$HAL_PRECISION_CPROFILE): where its host time goes")
     p.add_argument("script_args", nargs="*", default=["--iters", "20", "--batch", "8", "--seq", "64"])
     a = p.parse_args(argv)
     if not os.path.isfile(a.script):
@@ -101,7 +106,8 @@ def main(argv=None) -> int:
             p.exit(3, f"{p.prog}: the sections were not produced: precision {pr.get('verdict')}: {pr.get('error')}; "
                       f"profile: {pf.get('error')}\n")
         warm, _ = _sections(a, 1, False, {})
-        primed, _ = _sections(a, 1, False, {}, prime=True)
+        primed, _ = _sections(a, 1, False, {"HAL_PRECISION_CPROFILE": a.cprofile} if a.cprofile else {},
+                              prime=True)
         tc, tw, tp = _timing(pr), _timing(warm["precision"]), _timing(primed["precision"])
         first, plain, prof = pf["first_step_ms"], pf["step_ms"], pf["profiled_step_ms"]
         row = {"repeat": i, "wall_s": wall, "shadow_device": tw.get("shadow_device"),

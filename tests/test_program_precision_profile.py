@@ -256,6 +256,22 @@ def test_a_warmed_up_window_compares_a_later_step(tmp_path, prime):
     assert p["target"]["timing"]["window_ms"] > 0 and p["target"]["timing"]["statistics_ms"] > 0
 
 
+def test_the_window_under_cprofile_writes_where_its_host_time_goes(tmp_path, monkeypatch):
+    """``$HAL_PRECISION_CPROFILE`` (``bench_program_sections --cprofile``): the target child profiles its compared
+    window and writes pstats there (``.<pid>``), with the tracer's bookkeeping and the end-of-step statistics in it;
+    the float64 reference child writes none."""
+    import pstats
+    monkeypatch.setenv("HAL_PRECISION_CPROFILE", str(tmp_path / "window"))
+    s = wa.program_sections({"target": str(NAIVE), "kind": "script", "device": "cpu", "args": ["--stable"],
+                             "steps": 3, "precision": True, "profile": False, "out": str(tmp_path / "out"),
+                             "timeout": 300}, [])
+    assert s["precision"]["verdict"] == "pass", s["precision"].get("error")
+    dumps = list(tmp_path.glob("window.*"))
+    assert len(dumps) == 1, dumps  # the target's window only
+    functions = {f"{os.path.basename(k[0])}:{k[2]}" for k in pstats.Stats(str(dumps[0])).stats}
+    assert {"tracer.py:_observe", "metrics.py:error_stats_many"} <= functions
+
+
 def test_a_scripts_attention_is_compared_not_taken_for_a_random_draw(tmp_path):
     """aten's attention kernels are tagged ``nondeterministic_seeded`` (their dropout): they used to be routed like
     ``randint`` (to the CPU generator on a device, a synchronising copy per call) and left out of the records, so a

@@ -70,6 +70,10 @@ MAX_RECORDS = 20000
 #: bytes of reference samples kept; beyond this the reference stops storing (the report says so)
 MAX_SAMPLE_BYTES = 256 << 20
 SEED = 0
+#: a file path: the target's compared window (open to close, its end-of-step shadows and statistics included) runs
+#: under cProfile, whose stats are written to that path plus ``.<pid>`` (``pstats`` format) when it closes: where the
+#: window's host time goes, in the audit's own child (a developer's diagnostic; ``bench_program_sections --cprofile``)
+ENV_CPROFILE = "HAL_PRECISION_CPROFILE"
 _DROPOUT_FNS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
 
@@ -401,6 +405,7 @@ class ProgramPrecision:
         self._depth = 0
         self._backwards_at_open = 0
         self.t_open = self.t_last = None
+        self._cprofile: Any = None  # the window's cProfile.Profile, with $HAL_PRECISION_CPROFILE
         self.window_ms: Optional[float] = None
         self.after_ms: List[float] = []  # steps after the window (optimizer step to optimizer step)
         if self.role == "target":
@@ -745,7 +750,12 @@ class ProgramPrecision:
         self.tracer.recording = recording
 
     def _open(self) -> None:
+        import os
         import time
+        if self.role == "target" and os.environ.get(ENV_CPROFILE):
+            import cProfile
+            self._cprofile = cProfile.Profile()
+            self._cprofile.enable()
         self.t_open = time.perf_counter()
         self._backwards_at_open = self.backwards
         self.window = "open"
@@ -764,6 +774,11 @@ class ProgramPrecision:
                 self.tracer.__exit__(None, None, None)  # judges the window's queued comparisons
         # the window's cost includes the end-of-step shadows and statistics (shadow_ms, statistics_ms of it)
         self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
+        if self._cprofile is not None:
+            import os
+            self._cprofile.disable()
+            self._cprofile.dump_stats(f"{os.environ[ENV_CPROFILE]}.{os.getpid()}")
+            self._cprofile = None
         if self.tracer is not None and self.role == "reference":
             self._save()
 
