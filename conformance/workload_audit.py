@@ -365,10 +365,11 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     import torch
 
     from hal.conformance.precision.script import SCRIPT_MAX_ELEMENTS, SEED
-    steps = request.get("steps") or PROGRAM_PRECISION_STEPS
-    samples = os.path.join(workdir, "reference-samples.pt")
-    # both runs open their compared window after the same number of optimizer steps (0: the first step)
+    # both runs open their compared window after the same number of optimizer steps (0: the first step; hal-audit
+    # --precision-step N: N - 1), and run at least to the end of that step
     warm = int(request.get("precision_warm_steps") or 0)
+    steps = request.get("steps") or max(PROGRAM_PRECISION_STEPS, warm + 1)
+    samples = os.path.join(workdir, "reference-samples.pt")
     ref = _run_program(request, workdir, "precision-reference", "cpu", steps, precision_role="reference",
                        precision_samples=samples, precision_warm_steps=warm)
     ref_run = ref.get("precision_run") or {}
@@ -415,8 +416,12 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         elif len(lt) != len(lr):
             not_compared.append(f"loss curve: {len(lt)} target vs {len(lr)} reference losses; the first {n} compared")
         drift = drift_stats(lt[:n], lr[:n])
+        if pr.get("loss_steps"):  # the optimizer step of each loss, for where a drift starts (compare._verdict)
+            drift["loss_steps"], drift["compared_step"] = [k + 1 for k in pr["loss_steps"][:n]], warm + 1
         compute = getattr(torch, pr.get("compute_dtype") or "float32", torch.float32)
-        rows = rows + _tensor_rows("loss", [("loss", _t(lt[0], torch.float32), _t(lr[0], torch.float64))],
+        # the compared step's loss (its first: the window's), not the run's first when steps were let pass before it
+        k = next((i for i, s in enumerate((pr.get("loss_steps") or [])[:n]) if s == warm), 0)
+        rows = rows + _tensor_rows("loss", [("loss", _t(lt[k], torch.float32), _t(lr[k], torch.float64))],
                                    compute, SCRIPT_MAX_ELEMENTS)
     elif not n:
         not_compared.append("loss curve: no backward pass ran (no loss to follow)" if not lt else

@@ -83,6 +83,10 @@ def test_cpu_target_and_hal_fix(tmp_path):
     (["{EX}:", "--static-only"], "expected file.py:function_name"),
     (["{EX}", "--steps", "0"], "--steps must be a positive integer"),
     (["{EX}", "--out", "{TXT}"], "exists and is not a folder"),
+    (["{EX}", "--precision-step", "0", "--precision"], "--precision-step must be a positive integer"),
+    (["{EX}", "--precision-step", "2"], "--precision-step needs --precision"),
+    (["{EX}", "--precision", "--precision-step", "3", "--steps", "2"], "--precision-step 3 is past --steps 2"),
+    (["gpt", "--precision", "--precision-step", "2"], "--precision-step applies to a program"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, fragment):
     (tmp_path / "bad.py").write_text("import torch\n\nx = [\n")
@@ -136,11 +140,11 @@ def test_dynamic_request_and_exit_codes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "_run_dynamic", fake_dynamic)
     rc = cli.main([str(EXAMPLE), "--device", "mlu", "--out", str(tmp_path), "--steps", "2", "--timeout", "5",
-                   "--precision", "--", "--width", "8"])
+                   "--precision", "--precision-step", "2", "--", "--width", "8"])
     assert rc == 3  # the audited program failed: report still written
     assert seen == {"target": str(EXAMPLE), "kind": "script", "device": "mlu", "args": ["--width", "8"],
                     "steps": 2, "timeout": 5.0, "precision": True, "profile": False, "out": str(tmp_path),
-                    "memory_limit_mb": None, "arch": None, "devices": None}
+                    "memory_limit_mb": None, "arch": None, "devices": None, "precision_warm_steps": 1}
     rep = json.loads((tmp_path / "audit.json").read_text())
     assert rep["run"]["status"] == "error" and rep["ops"][0]["op"] == "aten::nanmedian"
     assert "aten::nanmedian" in (tmp_path / "audit.html").read_text()

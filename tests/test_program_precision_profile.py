@@ -657,3 +657,32 @@ def test_the_loss_curve_is_compared_only_while_both_runs_get_the_same_data(tmp_p
             "loss curve: the inputs of top-level forward 2 (after the compared window) differ from the float64 "
             "reference run's (data order not reproducible, or an input the program computed outside its modules): "
             "the first 1 of 4 losses compared"], p["not_compared"]
+
+
+def test_a_loss_curve_that_leaves_the_reference_after_the_compared_step_names_that_step_and_it_can_be_compared(tmp_path):
+    """pytorch/examples siamese_network's pattern (tests/fixtures/precision/saturating_bce.py): the first step compares
+    clean, the second's loss is 100 in float32 (sigmoid rounds to 1.0, BCELoss clamps log(0) at -100) against 25 in
+    float64. The drift reason says the curve leaves tolerance at loss 2, in optimizer step 2, and --precision-step 2
+    compares that step op by op: the sigmoid agrees within tolerance and BCELoss amplifies it (the first divergence),
+    and the loss row is that step's loss, not the first step's."""
+    fixture = str(FIX / "precision" / "saturating_bce.py")
+    r, doc = _audit(tmp_path / "first", fixture, "--device", "cpu", "--precision", "--steps", "3")
+    assert r.returncode == 0, r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["first_divergence"] is None and p["target"]["compared_window"] == "the first optimizer step"
+    assert p["drift"]["losses_target"][1] == 100.0 and abs(p["drift"]["losses_reference"][1] - 25.0) < 1e-3
+    drift = [x for x in p["summary"]["verdict_reasons"] if x.startswith("loss drift")]
+    assert drift and drift[0].endswith("(from loss 2, in optimizer step 2: --precision-step 2 compares that step "
+                                       "op by op)"), p["summary"]["verdict_reasons"]
+    assert "--precision-step 2" in r.stdout  # the terminal summary carries the reason
+    r, doc = _audit(tmp_path / "second", fixture, "--device", "cpu", "--precision", "--precision-step", "2",
+                    "--steps", "3")
+    assert r.returncode == 0, r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["target"]["compared_window"] == "optimizer step 2 (the first 1 not compared)"
+    fd = p["first_divergence"]
+    assert (fd["module"], fd["op"], fd["kind"]) == ("BCELoss", "binary_cross_entropy", "amplified"), fd
+    rows = {(m["module"], m["op"]): m for m in p["metrics"]}
+    assert rows[("Head.sigmoid", "sigmoid")]["status"] == "ok"
+    assert rows[("<root>", "loss")]["total"]["max_abs"] > 70  # 100 against 25: the second step's loss
+    assert any(x.endswith("(from loss 2)") for x in p["summary"]["verdict_reasons"])  # the compared step: no hint

@@ -330,8 +330,23 @@ def _verdict(out: Dict[str, Any], compute_dtype) -> Tuple[str, List[str]]:
     rtol = th.base_tolerance(compute_dtype)[0]
     drift_tol = max(10 * rtol, 1e-6)
     if not math.isfinite(dr["max_rel_dev"]) or dr["max_rel_dev"] > drift_tol:
-        reasons.append(f"loss drift {dr['max_rel_dev']:.3g} > {drift_tol:g}")
+        reasons.append(f"loss drift {dr['max_rel_dev']:.3g} > {drift_tol:g}{_drift_start(dr, drift_tol)}")
     return ("warning" if reasons else "pass"), reasons
+
+
+def _drift_start(dr: Dict[str, Any], tol: float) -> str:
+    """Where the loss curve first leaves ``tol`` (relative), for the drift reason: ``" (from loss k)"``, and when the
+    drift's ``loss_steps`` (a program target's: the optimizer step of each loss) put that loss in another step than the
+    compared one (``compared_step``), which ``hal-audit --precision-step`` compares op by op."""
+    first = next((i for i, (t, r) in enumerate(zip(dr["losses_target"], dr["losses_reference"]))
+                  if not (math.isfinite(t) and math.isfinite(r)) or abs(t - r) > tol * max(abs(r), 1e-30)), None)
+    if first is None:
+        return ""
+    steps = dr.get("loss_steps") or []
+    if first < len(steps) and steps[first] != dr.get("compared_step"):
+        return (f" (from loss {first + 1}, in optimizer step {steps[first]}: --precision-step {steps[first]} "
+                "compares that step op by op)")
+    return f" (from loss {first + 1})"
 
 
 def _summary(rows, cache) -> Dict[str, Any]:

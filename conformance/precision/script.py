@@ -385,6 +385,8 @@ class ProgramPrecision:
         #: for each loss in :attr:`losses`, how many top-level forwards had run when it was recorded (the parent
         #: compares the loss curve up to the first forward whose inputs differ between the runs)
         self.loss_forwards: List[int] = []
+        #: for each loss, the optimizer steps completed before it (its own step is the next)
+        self.loss_steps: List[int] = []
         #: top-level forwards so far, and the latest top-level outputs with their storages (after the window, an
         #: input sharing the storage of one still alive, ``fake.detach()``, was computed by the program, not given
         #: it: not fingerprinted; a dead one's address may be a new batch's by now)
@@ -608,6 +610,7 @@ class ProgramPrecision:
             try:
                 self.losses.append(float(t.detach().to("cpu", torch.float64)))
                 self.loss_forwards.append(self.top_forwards)
+                self.loss_steps.append(self.optimizer_steps)
             finally:
                 if self.tracer is not None:
                     self.tracer._internal = prev
@@ -914,8 +917,8 @@ class ProgramPrecision:
             window = f"ops: {self.closed_by}; gradients: {self.grads_at}"
         out: Dict[str, Any] = {"role": self.role, "window_closed_by": window, "window": self.window,
                                "losses": self.losses, "scaled_losses": self.scaled_losses,
-                               "loss_forwards": self.loss_forwards, "input_fps": self.input_fps,
-                               "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
+                               "loss_forwards": self.loss_forwards, "loss_steps": self.loss_steps,
+                               "input_fps": self.input_fps, "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
                                "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,

@@ -51,6 +51,8 @@ SECTION_NOT_PRODUCED = ("not-run", "error")
 #: bounds of the numeric options (finite, inclusive): a run of at most ~11.5 days, 1e9 steps, 1 PB
 MAX_TIMEOUT_S = 1e6
 MAX_STEPS = 10**9
+#: target kinds run as a whole program (the precision and profile sections of conformance.workload_audit.program_sections)
+PROGRAM_KINDS = ("script", "module", "notebook")
 #: ``--devices``: more than one host's worth of GPUs has no use here (each rank is a process on this machine)
 MAX_DEVICES = 64
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1e9
@@ -75,6 +77,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="target backend: any installed plugin (cpu, cuda, mlu, ...)")
     p.add_argument("--static-only", action="store_true", help="never import or execute the audited code")
     p.add_argument("--precision", action="store_true", help="compare the run against a float64 reference")
+    p.add_argument("--precision-step", type=int, metavar="N",
+                   help="with --precision on a program (script, -m module, notebook): compare optimizer step N op by "
+                        "op instead of the first (both runs train N-1 steps first); the loss curve is followed "
+                        "over --steps either way, and a drift says from which step (default: 1)")
     p.add_argument("--profile", action="store_true", help="per-op time and memory on the target")
     p.add_argument("--memory-limit", type=float, metavar="MB",
                    help="cap the audited program's memory (heap and anonymous mappings) at MB megabytes; "
@@ -252,6 +258,12 @@ def exit_code(report: dict, fail_on: Optional[str]) -> int:
 def validate_numbers(args: argparse.Namespace) -> None:
     """Every numeric option finite and in range, else CliError (exit 2, one line)."""
     check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS, what="a positive integer")
+    check_number("--precision-step", args.precision_step, minimum=1, maximum=MAX_STEPS, what="a positive integer")
+    if args.precision_step is not None:
+        if not args.precision:
+            raise CliError("--precision-step needs --precision")
+        if args.steps is not None and args.precision_step > args.steps:
+            raise CliError(f"--precision-step {args.precision_step} is past --steps {args.steps}")
     if args.arch is not None:
         from hal.capabilities import parse_arch
         try:
@@ -277,6 +289,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--static-only needs Python source (a .py file or a folder), not a {kind} target")
     if args.fix and kind in ("model", "onnx"):
         raise CliError(f"--fix needs Python source (a .py file or a folder), not a {kind} target")
+    if args.precision_step is not None and kind not in PROGRAM_KINDS:
+        raise CliError(f"--precision-step applies to a program (a script, -m module or notebook), not a {kind} target")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
@@ -351,7 +365,8 @@ def _audit_locked(args: argparse.Namespace, target: dict, kind: str, static, pro
         request = {"target": args.target, "kind": kind, "device": args.device, "args": list(args.args),
                    "steps": args.steps, "timeout": args.timeout, "precision": bool(args.precision),
                    "profile": bool(args.profile), "out": os.path.abspath(args.out),
-                   "memory_limit_mb": args.memory_limit, "arch": args.arch, "devices": args.devices}
+                   "memory_limit_mb": args.memory_limit, "arch": args.arch, "devices": args.devices,
+                   "precision_warm_steps": (args.precision_step or 1) - 1}
         progress("run")
         sections = _run_dynamic(request, progress)
         run = dict(sections.get("run") or {})
