@@ -494,7 +494,7 @@ def section_summary(report: dict) -> list[str]:
     """Terminal lines for the precision and profile sections of a report (one or two each): the
     verdict and first divergence, the step times, or why the section could not be produced."""
     from hal.conformance.report import escape
-    from hal.conformance.report.digest import unexplained_verdict_reasons
+    from hal.conformance.report.digest import largest_divergence_reasons, unexplained_verdict_reasons
     esc = escape.terminal
     lines = []
     p = report.get("precision")
@@ -505,8 +505,8 @@ def section_summary(report: dict) -> list[str]:
             fd = p.get("first_divergence")
             where = (f"first divergence {esc(fd.get('module'))}:{esc(fd.get('op'))} ({esc(fd.get('kind'))}, "
                      f"{esc(fd.get('phase'))})" if fd else "no divergence")
-            reasons = unexplained_verdict_reasons(p)
-            if reasons:  # not pass, yet no op diverged: say why
+            reasons = unexplained_verdict_reasons(p) or largest_divergence_reasons(p)
+            if reasons:  # not pass, yet no op diverged: say why; or where the error is largest, when not there
                 where += f" ({esc('; '.join(reasons))})"
             lines.append(f"precision: {esc(p.get('verdict'))}, {where}"
                          + ("" if p.get("verified") else " [measured on the CPU, not on the target]"))

@@ -191,3 +191,24 @@ def test_a_precision_verdict_that_no_op_explains_says_why():
     precision.update(verdict="pass", summary={"verdict_reasons": ["compared against float64 shadows only"]})
     assert digest._precision_fact(report) == "pass: every op within its threshold (not measured on the target device)"
     assert section_summary(report)[0].startswith("precision: pass, no divergence [")
+
+
+def test_a_first_divergence_just_over_its_limit_is_followed_by_the_largest_one():
+    """pytorch/examples siamese_network's second step (its real rows over tolerance, tests/fixtures/precision/
+    siamese_step2_rows.json): the first divergence is a batch norm at 1.1x its limit; the loss differs because BCELoss
+    takes a sigmoid that float32 rounded to 1.0 (68,000x its limit). The verdict's reasons, the report's lead and the
+    terminal's precision line name both; with the largest being the first, nothing is added."""
+    from hal.conformance.precision.compare import largest_divergence
+    from hal.conformance.workload_audit import section_summary
+    data = json.loads((ROOT / "tests" / "fixtures" / "precision" / "siamese_step2_rows.json").read_text())
+    fd, rows = data["first_divergence"], data["rows"]
+    big = largest_divergence(rows, fd)
+    assert big.startswith("largest divergence: BCELoss:binary_cross_entropy amplified (rms_rel 0.766 > 1.13e-05)"), big
+    bce = next(i for i, r in enumerate(rows) if r["op"] == "binary_cross_entropy")
+    assert largest_divergence(rows, dict(fd, index=bce)) is None  # the first is the largest
+    report = {"precision": {"verdict": "warning", "verified": False, "first_divergence": fd, "metrics": rows,
+                            "summary": {"verdict_reasons": [big]}}}
+    assert digest._precision_fact(report).endswith(f"; {big}")
+    assert section_summary(report)[0] == (
+        "precision: warning, first divergence SiameseNetwork.resnet.7.0.bn2:native_batch_norm (amplified, forward) "
+        f"({big}) [measured on the CPU, not on the target]")

@@ -252,6 +252,39 @@ def divergence_reason(fd: Dict[str, Any]) -> str:
     return f"{where} amplified in-tolerance inputs beyond tolerance"
 
 
+#: the verdict reason's opening for :func:`largest_divergence` (the terminal's precision line looks for it)
+LARGEST = "largest divergence: "
+
+
+def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Optional[str]:
+    """``"largest divergence: MODULE:OP STATUS (METRIC VALUE > LIMIT)"``: of the op rows where an error arises or grows
+    beyond tolerance (status ``introduced``, ``amplified`` or ``exceeds``), the one furthest over its limit, when that
+    is not the first divergence ``fd`` (``rows`` in record order, as ``fd["index"]`` counts); else None. The first
+    divergence can be an op just over its threshold well before the op that makes the loss differ
+    (pytorch/examples siamese_network: a batch norm at 1.1x its limit, then BCELoss at 68,000x)."""
+    best, best_ratio = None, 1.0
+    for i, r in enumerate(rows):
+        if r.get("kind") != "op" or r.get("status") not in ("introduced", "amplified", "exceeds"):
+            continue
+        own = r["status"] == "introduced" and r.get("local") is not None
+        stats, thr = (r["local"], r["threshold"]) if own else (r.get("total"), r.get("total_threshold"))
+        if not stats or not thr:
+            continue
+        metric, value, limit = exceeded_metric(stats, thr)
+        if metric == "nan_inf_mismatch":
+            ratio = math.inf
+        elif metric == "cosine":  # smaller is worse
+            ratio = (1.0 - value) / max(1.0 - limit, 1e-300)
+        else:
+            ratio = value / max(limit, 1e-300)
+        if ratio > best_ratio:
+            best, best_ratio = (i, r, metric, value, limit), ratio
+    if best is None or best[0] == fd.get("index"):
+        return None
+    i, r, metric, value, limit = best
+    return f"{LARGEST}{r['module']}:{r['op']} {r['status']} ({metric} {value:.3g} > {limit:.3g})"
+
+
 def exceeded_metric(stats: Dict[str, Any], thr: Dict[str, Any]) -> Tuple[str, Any, Any]:
     """(metric, value, limit) that made ``stats`` exceed under its rule."""
     if stats["nan_inf_mismatch"] > 0:
@@ -321,6 +354,9 @@ def _verdict(out: Dict[str, Any], compute_dtype) -> Tuple[str, List[str]]:
         return "fail", reasons
     if fd is not None:
         reasons.append(divergence_reason(fd))
+        big = largest_divergence(rows, fd)
+        if big is not None:
+            reasons.append(big)
     for kind in ("module", "gradient", "parameter", "loss"):
         bad = [r for r in rows if r["kind"] == kind and r["status"] != "ok"]
         if bad:

@@ -254,6 +254,13 @@ def unexplained_verdict_reasons(precision: dict) -> list:
     return [str(r) for r in (precision.get("summary") or {}).get("verdict_reasons") or []]
 
 
+def largest_divergence_reasons(precision: dict) -> list[str]:
+    """The verdict's ``largest divergence: ...`` reason (:func:`hal.conformance.precision.compare.largest_divergence`:
+    the op furthest over its limit, when that is not the first divergence), for the lines that name the first."""
+    from hal.conformance.precision.compare import LARGEST
+    return [str(r) for r in (precision.get("summary") or {}).get("verdict_reasons") or [] if str(r).startswith(LARGEST)]
+
+
 def _precision_fact(report: dict) -> Optional[str]:
     p = report.get("precision")
     if not isinstance(p, dict):
@@ -265,7 +272,7 @@ def _precision_fact(report: dict) -> Optional[str]:
     if isinstance(fd, dict):
         where = " ".join(str(x) for x in (fd.get("module"), fd.get("op")) if x)
         return (f"{verdict or 'diverged'}: first divergence at {where} ({fd.get('metric')} {_g(fd.get('value'))} > "
-                f"{_g(fd.get('threshold'))})")
+                f"{_g(fd.get('threshold'))})" + "".join(f"; {x}" for x in largest_divergence_reasons(p)))
     text = str(verdict or "compared")
     reasons = unexplained_verdict_reasons(p)
     if reasons:  # not pass, yet no op diverged: say why
