@@ -85,6 +85,7 @@ def main(argv=None) -> int:
                         "$HAL_PRECISION_CPROFILE): where its host time goes")
     p.add_argument("script_args", nargs="*", default=["--iters", "20", "--batch", "8", "--seq", "64"])
     a = p.parse_args(argv)
+    from hal.conformance.precision.script import ENV_CPROFILE
     if not os.path.isfile(a.script):
         p.error(f"--script {a.script}: no such file")
     rows = []
@@ -106,8 +107,7 @@ def main(argv=None) -> int:
             p.exit(3, f"{p.prog}: the sections were not produced: precision {pr.get('verdict')}: {pr.get('error')}; "
                       f"profile: {pf.get('error')}\n")
         warm, _ = _sections(a, 1, False, {})
-        primed, _ = _sections(a, 1, False, {"HAL_PRECISION_CPROFILE": a.cprofile} if a.cprofile else {},
-                              prime=True)
+        primed, _ = _sections(a, 1, False, {ENV_CPROFILE: a.cprofile} if a.cprofile else {}, prime=True)
         tc, tw, tp = _timing(pr), _timing(warm["precision"]), _timing(primed["precision"])
         first, plain, prof = pf["first_step_ms"], pf["step_ms"], pf["profiled_step_ms"]
         row = {"repeat": i, "wall_s": wall, "shadow_device": tw.get("shadow_device"),

@@ -32,6 +32,8 @@ import traceback
 from typing import Any, Optional
 
 
+#: target kinds audited as a whole program (:func:`program_sections`): their sections come from the program's own steps
+PROGRAM_KINDS = ("script", "module", "notebook")
 #: optimizer steps (or forwards) of the precision runs of a program target when --steps is not given
 PROGRAM_PRECISION_STEPS = 3
 #: profiled (and plain) steps of a program target's profile run when --steps is not given (the run is
@@ -74,7 +76,7 @@ def precision_and_profile(request: dict, fallback_ops: list[str]) -> dict:
     if interrupted:  # the run was stopped by Ctrl-C or SIGTERM: no section starts
         why = f"the audit was interrupted ({INTERRUPTS[interrupted]}) before this section ran"
         return {"precision": _not_run(why) if want_p else None, "profile": _not_run(why) if want_f else None}
-    if request["kind"] in ("script", "module", "notebook"):
+    if request["kind"] in PROGRAM_KINDS:
         return program_sections(request, fallback_ops)
     if request["kind"] not in ("model", "func"):
         why = f"--precision/--profile are not available for a {request['kind']} target (no PyTorch program runs)"

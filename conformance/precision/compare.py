@@ -44,7 +44,7 @@ from hal.errors import BackendUnavailableError
 
 from . import thresholds as th
 from .calibration import calibrate, device_available
-from .drift import drift_stats
+from .drift import drift_stats, relative_deviations
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, take_samples
 from .result import PrecisionResult
 from .tracer import EXACT_CAST, OpRecord, StepTracer, Widen64Mode
@@ -262,7 +262,7 @@ def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Op
     is not the first divergence ``fd`` (``rows`` in record order, as ``fd["index"]`` counts); else None. The first
     divergence can be an op just over its threshold well before the op that makes the loss differ
     (pytorch/examples siamese_network: a batch norm at 1.1x its limit, then BCELoss at 68,000x)."""
-    best, best_ratio = None, 1.0
+    best, best_i, best_ratio = None, None, 1.0
     for i, r in enumerate(rows):
         if r.get("kind") != "op" or r.get("status") not in ("introduced", "amplified", "exceeds"):
             continue
@@ -278,10 +278,10 @@ def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Op
         else:
             ratio = value / max(limit, 1e-300)
         if ratio > best_ratio:
-            best, best_ratio = (i, r, metric, value, limit), ratio
-    if best is None or best[0] == fd.get("index"):
+            best, best_i, best_ratio = (r, metric, value, limit), i, ratio
+    if best is None or best_i == fd.get("index"):
         return None
-    i, r, metric, value, limit = best
+    r, metric, value, limit = best
     return f"{LARGEST}{r['module']}:{r['op']} {r['status']} ({metric} {value:.3g} > {limit:.3g})"
 
 
@@ -374,8 +374,8 @@ def _drift_start(dr: Dict[str, Any], tol: float) -> str:
     """Where the loss curve first leaves ``tol`` (relative), for the drift reason: ``" (from loss k)"``, and when the
     drift's ``loss_steps`` (a program target's: the optimizer step of each loss) put that loss in another step than the
     compared one (``compared_step``), which ``hal-audit --precision-step`` compares op by op."""
-    first = next((i for i, (t, r) in enumerate(zip(dr["losses_target"], dr["losses_reference"]))
-                  if not (math.isfinite(t) and math.isfinite(r)) or abs(t - r) > tol * max(abs(r), 1e-30)), None)
+    devs = relative_deviations(dr["losses_target"], dr["losses_reference"])
+    first = next((i for i, d in enumerate(devs) if d > tol), None)
     if first is None:
         return ""
     steps = dr.get("loss_steps") or []

@@ -5,7 +5,13 @@ Pure functions on two equal-length loss lists; thread-safe.
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
+
+
+def relative_deviations(target: Sequence[float], reference: Sequence[float]) -> List[float]:
+    """|t-r|/|r| of each pair of losses (|r| floored at 1e-30); infinity where either loss is not finite."""
+    return [abs(a - b) / max(abs(b), 1e-30) if math.isfinite(a) and math.isfinite(b) else math.inf
+            for a, b in zip(target, reference)]
 
 
 def drift_stats(target: Sequence[float], reference: Sequence[float]) -> Dict[str, object]:
@@ -16,7 +22,7 @@ def drift_stats(target: Sequence[float], reference: Sequence[float]) -> Dict[str
         raise ValueError(f"loss curves differ in length: {len(target)} vs {len(reference)}")
     t, r = [float(x) for x in target], [float(x) for x in reference]
     finite = all(math.isfinite(x) for x in t + r)
-    devs = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(t, r)] if finite else [math.inf]
+    devs = relative_deviations(t, r)
     r2: Optional[float] = None
     if finite and len(r) >= 2:
         mean = sum(r) / len(r)

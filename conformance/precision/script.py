@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import random
 import types
 import weakref
@@ -415,7 +416,6 @@ class ProgramPrecision:
 
     # -- reference file -----------------------------------------------------------------------
     def _load_reference(self) -> None:
-        import os
         if not self.samples_path or not os.path.exists(self.samples_path):
             self.ref_usable = False
             self.reasons.append(self.spec.get("reference_missing")
@@ -753,7 +753,6 @@ class ProgramPrecision:
         self.tracer.recording = recording
 
     def _open(self) -> None:
-        import os
         import time
         if self.role == "target" and os.environ.get(ENV_CPROFILE):
             import cProfile
@@ -778,7 +777,6 @@ class ProgramPrecision:
         # the window's cost includes the end-of-step shadows and statistics (shadow_ms, statistics_ms of it)
         self.window_ms = (time.perf_counter() - self.t_open) * 1e3 if self.t_open is not None else None
         if self._cprofile is not None:
-            import os
             self._cprofile.disable()
             self._cprofile.dump_stats(f"{os.environ[ENV_CPROFILE]}.{os.getpid()}")
             self._cprofile = None
@@ -899,7 +897,6 @@ class ProgramPrecision:
     def _save(self) -> None:
         if not self.samples_path:
             return
-        import os
         tmp = self.samples_path + ".tmp"
         with self._internal():
             torch.save({"samples": self.tracer.samples if self.tracer is not None else {},
@@ -918,7 +915,8 @@ class ProgramPrecision:
         out: Dict[str, Any] = {"role": self.role, "window_closed_by": window, "window": self.window,
                                "losses": self.losses, "scaled_losses": self.scaled_losses,
                                "loss_forwards": self.loss_forwards, "loss_steps": self.loss_steps,
-                               "input_fps": self.input_fps, "dropout_calls_disabled": self.dropout_calls, "truncated": self.truncated,
+                               "input_fps": self.input_fps, "dropout_calls_disabled": self.dropout_calls,
+                               "truncated": self.truncated,
                                "reasons": list(self.reasons), "optimizer_steps": self.optimizer_steps,
                                "backwards": self.backwards, "seed": SEED,
                                "timing": {"window_ms": self.window_ms, "after_window_step_ms": self.after_ms,

@@ -51,8 +51,6 @@ SECTION_NOT_PRODUCED = ("not-run", "error")
 #: bounds of the numeric options (finite, inclusive): a run of at most ~11.5 days, 1e9 steps, 1 PB
 MAX_TIMEOUT_S = 1e6
 MAX_STEPS = 10**9
-#: target kinds run as a whole program (the precision and profile sections of conformance.workload_audit.program_sections)
-PROGRAM_KINDS = ("script", "module", "notebook")
 #: ``--devices``: more than one host's worth of GPUs has no use here (each rank is a process on this machine)
 MAX_DEVICES = 64
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1e9
@@ -289,8 +287,11 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--static-only needs Python source (a .py file or a folder), not a {kind} target")
     if args.fix and kind in ("model", "onnx"):
         raise CliError(f"--fix needs Python source (a .py file or a folder), not a {kind} target")
-    if args.precision_step is not None and kind not in PROGRAM_KINDS:
-        raise CliError(f"--precision-step applies to a program (a script, -m module or notebook), not a {kind} target")
+    if args.precision_step is not None:
+        from hal.conformance.workload_audit import PROGRAM_KINDS
+        if kind not in PROGRAM_KINDS:
+            raise CliError("--precision-step applies to a program (a script, -m module or notebook), "
+                           f"not a {kind} target")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
     target.update(source=args.target, kind=kind)
