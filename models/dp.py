@@ -101,7 +101,11 @@ def run(args: argparse.Namespace) -> Optional[dict]:
         raise CliError(str(exc)) from None
     comm = Communicator.init(backend, timeout_s=args.timeout)
     try:
-        return _run(args, comm, get_workload, measure_peak)
+        res = _run(args, comm, get_workload, measure_peak)
+        # the ranks leave together: none tears its group down while another still communicates
+        # (torch 2.13 CI, 87a7754: rank 1 aborted at exit, 'terminate called without an active exception')
+        comm.barrier()
+        return res
     except ValueError as exc:
         raise CliError(str(exc)) from None
     finally:
