@@ -351,14 +351,6 @@ def _run_failure(res: dict) -> str:
     return f"the program run {run.get('status', 'crashed')}: {run.get('error')}; " if run.get("error") else ""
 
 
-#: autograd's refusal of a float64 gradient for a float32 input, and what it means in the float64 reference run
-_UNCONVERTED = re.compile(r"returned an invalid gradient at index \d+ - expected dtype Float but got Double", re.I)
-_UNCONVERTED_WHY = ("; a float32 parameter the float64 run had not converted took part in an op there: it converts a "
-                    "module at the first forward the program calls it through (module(x)); one whose forward the "
-                    "program calls directly (module.forward(x), pytorch/examples mnist_forward_forward's layers) or a "
-                    "parameter outside any called module stays float32")
-
-
 def _program_precision(request: dict, workdir: str, info: Any, run_device: str, note: str) -> dict:
     from hal.conformance.precision import thresholds as th
     from hal.conformance.precision.compare import _summary, _tensor_rows, _verdict
@@ -402,8 +394,17 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     if ref_line.get("status") not in (None, "ok") and ref_line.get("status") != tgt_line.get("status"):
         error = " ".join(str(ref_line.get("error") or "no error text").split())
         not_compared.insert(0, f"the float64 reference run ended early ({ref_line.get('status')}: {error[:300]}) while "
-                               f"the target run was {tgt_line.get('status')}: totals only for the ops it reached"
-                               + (_UNCONVERTED_WHY if _UNCONVERTED.search(error) else ""))
+                               f"the target run was {tgt_line.get('status')}: totals only for the ops it reached")
+    narrow = ref_run.get("narrow_params") or {}
+    if narrow:
+        names = ", ".join(f"{k} ({v})" for k, v in list(narrow.items())[:6]) + (" ..." if len(narrow) > 6 else "")
+        not_compared.append(f"the float64 reference run kept {len(narrow)} optimizer parameter(s) in their own dtype: "
+                            f"{names}. It converts a module's parameters at the first forward the program calls it "
+                            "through (module(x)); these belong to none (a layer whose forward the program calls "
+                            "directly, module.forward(x), as pytorch/examples mnist_forward_forward's, or a parameter "
+                            "outside every module). Their gradients and updates are in that dtype in both runs: their "
+                            "gradient and parameter rows check the ops that feed them, not the rounding of their own "
+                            "accumulation and update (every op that reads them runs in float64 there)")
     lt, lr = pr.get("losses") or [], ref_run.get("losses") or []
     n = min(len(lt), len(lr))
     drift = None

@@ -613,27 +613,6 @@ def test_a_forked_process_gets_the_section_hooks_disowned(tmp_path):
     assert torch.autograd.backward is real_backward
 
 
-def test_a_module_trained_through_its_forward_method_is_named_as_why_the_reference_ended(tmp_path):
-    """pytorch/examples mnist_forward_forward trains each layer by calling ``layer.forward(x)``: no module hook runs for
-    the layer, only for its ReLU, so the float64 run converts the ReLU and never the layer's parameters; the next step's
-    float32 bias met float64 work and autograd refused the gradient. The reference still ends early (an open gap),
-    and the report says which pattern does that instead of autograd's message alone."""
-    p = _program_precision(tmp_path, "forward_called.py", "import torch\ntorch.manual_seed(0)\n"
-                           "class Layer(torch.nn.Linear):\n"
-                           "    def __init__(self):\n"
-                           "        super().__init__(4, 3)\n"
-                           "        self.act = torch.nn.ReLU()\n"
-                           "        self.opt = torch.optim.SGD(self.parameters(), lr=0.1)\n"
-                           "    def forward(self, x):\n"
-                           "        return self.act(torch.mm(x, self.weight.T) + self.bias.unsqueeze(0))\n"
-                           "layer = Layer()\n"
-                           "for _ in range(3):\n"
-                           "    loss = layer.forward(torch.randn(8, 4)).pow(2).mean()\n"
-                           "    layer.opt.zero_grad()\n    loss.backward()\n    layer.opt.step()\n", steps=3)
-    ended = [line for line in p["not_compared"] if line.startswith("the float64 reference run ended early")]
-    assert ended and "invalid gradient" in ended[0] and "module.forward(x)" in ended[0], p["not_compared"]
-
-
 @pytest.mark.parametrize("seed", ["os.urandom", "fixed"])
 def test_the_loss_curve_is_compared_only_while_both_runs_get_the_same_data(tmp_path, seed):
     """The inputs of the top-level forwards after the compared window are fingerprinted too: where the program's data
@@ -686,3 +665,23 @@ def test_a_loss_curve_that_leaves_the_reference_after_the_compared_step_names_th
     assert rows[("Head.sigmoid", "sigmoid")]["status"] == "ok"
     assert rows[("<root>", "loss")]["total"]["max_abs"] > 70  # 100 against 25: the second step's loss
     assert any(x.endswith("(from loss 2)") for x in p["summary"]["verdict_reasons"])  # the compared step: no hint
+
+
+def test_a_layer_trained_through_its_forward_called_directly_is_compared_and_its_float32_parameters_are_named(tmp_path):
+    """pytorch/examples mnist_forward_forward's pattern (tests/fixtures/precision/direct_forward.py): each layer's
+    forward is called directly, so the float64 run never converts its parameters. The autograd engine's cast of a
+    float64 gradient back to a float32 input, and its sum of the two forwards' float32 gradients of one weight, stay
+    float32 there (widened, autograd refused the gradient and the reference run ended in its first backward); the
+    run reaches the end, every loss is compared, and the report names the parameters it kept float32."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "direct_forward.py"), "--device", "cpu", "--precision",
+                    "--steps", "3")
+    assert r.returncode == 0, r.stderr[-1500:]
+    p = doc["precision"]
+    assert p["reference"]["status"]["status"] == "ok", p["reference"]["status"]
+    assert p["verdict"] == "pass", p["summary"]["verdict_reasons"]
+    assert len(p["drift"]["losses_reference"]) == len(p["drift"]["losses_target"]) == 3
+    kinds = [m["kind"] for m in p["metrics"]]
+    assert kinds.count("gradient") == 2 and kinds.count("parameter") == 2 and kinds.count("op") > 30
+    assert p["not_compared"] == [x for x in p["not_compared"] if x.startswith("the float64 reference run kept 2 ")], \
+        p["not_compared"]
+    assert "param_group0.0 (float32), param_group0.1 (float32)" in p["not_compared"][0]

@@ -49,6 +49,7 @@ import collections
 import math
 import os
 import random
+import sys
 import types
 import weakref
 from typing import Any, Dict, List, Optional
@@ -228,6 +229,57 @@ class _SampledShadow(Shadow):
         return targets, refs
 
 
+#: files whose frames lie between the autograd engine and a dispatch mode's handler: torch's dispatch wrappers and
+#: this package's modes (:func:`autograd_engine_cast` looks past them)
+_DISPATCH_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                   os.path.join("torch", "_dynamo", "eval_frame.py"),
+                   os.path.join("torch", "_compile.py"), os.path.join("torch", "utils", "_python_dispatch.py"),
+                   os.path.join("torch", "_ops.py"))
+
+
+def autograd_engine_cast(func, args: tuple, kwargs: dict) -> bool:
+    """Whether this call is a cast the autograd engine itself makes in a backward pass: ``_to_copy`` of a float64
+    tensor to a narrower floating dtype whose nearest Python caller, past the dispatch machinery, is the engine
+    (``_engine_run_backward``): a gradient matched to the dtype of the forward tensor it belongs to (ToCopyBackward,
+    or the engine's check of each node's gradients). The float64 reference leaves it narrow: widened, the gradient of
+    a tensor that is float32 in that run (a parameter it had not converted: a layer whose ``forward`` the program
+    calls directly, as pytorch/examples mnist_forward_forward does; a value computed before its float64 mode began)
+    stays float64, and autograd refuses it ("invalid gradient ... expected dtype Float but got double"). A cast in
+    Python code (the program's own, a custom backward's, a DDP communication hook's) is not one. Cheap for every other
+    call (a frame walk only for a narrowing cast of a float64 tensor)."""
+    if func is not torch.ops.aten._to_copy.default or not args or not isinstance(args[0], torch.Tensor) \
+            or args[0].dtype != torch.float64:
+        return False
+    dtype = kwargs.get("dtype")
+    if dtype is None or not dtype.is_floating_point or dtype == torch.float64:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_engine_run_backward":
+            return True
+        if not frame.f_code.co_filename.endswith(_DISPATCH_FILES[1:]) \
+                and not frame.f_code.co_filename.startswith(_DISPATCH_FILES[0]):
+            return False
+        frame = frame.f_back
+    return False
+
+
+_current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def accumulated_dtype() -> Optional[torch.dtype]:
+    """The dtype of the parameter whose gradient the autograd engine is accumulating now (the running node is its
+    ``AccumulateGrad``), when that is not float64; else None. The float64 reference keeps such a gradient in its
+    parameter's dtype: the sum of two float32 gradients of a parameter it had not converted (a layer's weight used by
+    two forwards) would otherwise be float64, and the optimizer refuses it beside its float32 state ("expected dtype
+    float for `end` but got dtype double", Adam's ``lerp_``)."""
+    node = _current_node()
+    if node is None or type(node).__name__ != "AccumulateGrad":
+        return None
+    dtype = getattr(getattr(node, "variable", None), "dtype", None)
+    return dtype if dtype is not None and dtype.is_floating_point and dtype != torch.float64 else None
+
+
 class _ProgramTracer(StepTracer):
     """A :class:`StepTracer` fed by global module hooks (any module the program runs), that leaves
     seeded random ops alone and, as the reference, upcasts lower-precision tensor arguments."""
@@ -254,6 +306,16 @@ class _ProgramTracer(StepTracer):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.inert:
+            return func(*args, **kwargs)
+        if self.role == "reference" and (autograd_engine_cast(func, args, kwargs) or accumulated_dtype() is not None):
+            # the autograd engine's own bookkeeping in the float64 run, around a tensor the run kept narrower: in that
+            # dtype, unrecorded (the target makes no such cast, and compares no gradient's accumulation)
+            if self._held:
+                self._guard(_op_info(func), args, kwargs)
+            dtype = accumulated_dtype()
+            if dtype is not None:
+                args, kwargs = map_leaves(lambda x: x.to(dtype) if isinstance(x, torch.Tensor)
+                                          and x.dtype == torch.float64 else x, (args, kwargs))
             return func(*args, **kwargs)
         if self._internal or _draws_random(func, args, kwargs):
             # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
@@ -379,6 +441,8 @@ class ProgramPrecision:
         self.optimizers = weakref.WeakSet()
         self.optimizer_steps = 0
         self.dropout_calls = 0
+        #: the reference's optimizer parameters it had not converted to float64, by name: their dtype
+        self.narrow_params: Dict[str, str] = {}
         self.converted: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self.param_names: Dict[int, str] = {}
         self.init_fp: Optional[list] = None
@@ -802,6 +866,9 @@ class ProgramPrecision:
     def _opt_pre(self, opt: Any, _a: Any, _k: Any) -> None:
         if self.role == "reference":
             self._amp_args_float32(opt)
+            for name, p in self._named(opt):  # not converted: in no module the program called (module(x))
+                if p.is_floating_point() and p.dtype != torch.float64:
+                    self.narrow_params.setdefault(name, str(p.dtype).replace("torch.", ""))
         self._stepping += 1
         self._stepping_opt = opt
         self.optimizers.add(opt)
@@ -933,6 +1000,7 @@ class ProgramPrecision:
                                                   "shadowed before the window, results thrown away"}}
         if self.role == "reference":
             out["ops_recorded"] = len(self.tracer.samples) if self.tracer is not None else 0
+            out["narrow_params"] = self.narrow_params
             return {"precision_run": out}
         out.update(self._compare())
         return {"precision_run": out}
