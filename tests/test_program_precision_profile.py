@@ -685,3 +685,20 @@ def test_a_layer_trained_through_its_forward_called_directly_is_compared_and_its
     assert p["not_compared"] == [x for x in p["not_compared"] if x.startswith("the float64 reference run kept 2 ")], \
         p["not_compared"]
     assert "param_group0.0 (float32), param_group0.1 (float32)" in p["not_compared"][0]
+
+
+def test_parameters_outside_every_module_are_compared_and_named(tmp_path):
+    """Leaf tensors an optimizer trains with no module around them (``w = torch.randn(..., requires_grad=True)``): the
+    float64 run never converts them either; before the engine's casts stayed narrow, its first backward ended it
+    ("MmBackward0 returned an invalid gradient")."""
+    p = _program_precision(tmp_path, "bare_params.py", "import torch\ntorch.manual_seed(0)\n"
+                           "w = torch.randn(4, 3, requires_grad=True)\nb = torch.zeros(3, requires_grad=True)\n"
+                           "act = torch.nn.Tanh()\nopt = torch.optim.Adam([w, b], lr=0.01)\n"
+                           "for step in range(3):\n    x = torch.randn(8, 4)\n"
+                           "    loss = act(x @ w + b).pow(2).mean() + act(x @ w).mean()\n"
+                           "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n", steps=3)
+    assert p["reference"]["status"]["status"] == "ok", p["reference"]["status"]
+    assert p["verdict"] == "pass" and len(p["drift"]["losses_reference"]) == 3
+    assert [m["kind"] for m in p["metrics"]].count("gradient") == 2
+    assert len(p["not_compared"]) == 1 and p["not_compared"][0].startswith(
+        "the float64 reference run kept 2 optimizer parameter(s) in their own dtype"), p["not_compared"]

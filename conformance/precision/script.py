@@ -307,14 +307,14 @@ class _ProgramTracer(StepTracer):
         kwargs = kwargs or {}
         if self.inert:
             return func(*args, **kwargs)
-        if self.role == "reference" and (autograd_engine_cast(func, args, kwargs) or accumulated_dtype() is not None):
+        accumulating = accumulated_dtype() if self.role == "reference" else None
+        if accumulating is not None or self.role == "reference" and autograd_engine_cast(func, args, kwargs):
             # the autograd engine's own bookkeeping in the float64 run, around a tensor the run kept narrower: in that
             # dtype, unrecorded (the target makes no such cast, and compares no gradient's accumulation)
             if self._held:
                 self._guard(_op_info(func), args, kwargs)
-            dtype = accumulated_dtype()
-            if dtype is not None:
-                args, kwargs = map_leaves(lambda x: x.to(dtype) if isinstance(x, torch.Tensor)
+            if accumulating is not None:
+                args, kwargs = map_leaves(lambda x: x.to(accumulating) if isinstance(x, torch.Tensor)
                                           and x.dtype == torch.float64 else x, (args, kwargs))
             return func(*args, **kwargs)
         if self._internal or _draws_random(func, args, kwargs):
