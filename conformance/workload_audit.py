@@ -253,10 +253,35 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
     return spec_path, result_path, spec
 
 
+#: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`)
+SECTION_RUNS = ("precision-reference", "precision-target", "profile", "profile-retry1", "profile-retry2")
+
+
+def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
+    """The environment overrides of section run ``name`` of a program whose ranks are each audited on their own
+    (``torchrun ... hal-audit``: ``$WORLD_SIZE`` > 1 and ``$MASTER_PORT`` in the environment): the ranks' runs of one
+    kind meet at a rendezvous of their own, ``$MASTER_PORT`` plus the run's place in :data:`SECTION_RUNS` (plus one),
+    hosted by rank 0's run (``TORCHELASTIC_USE_AGENT_STORE=False``), not at torchrun's store. There, the keys the
+    audit's first run had left made the second run's ranks read stale addresses ("Gloo connectFullMesh failed ...
+    Connection refused") and the runs after it hang. ``{}`` for a single process. Every rank runs the same sections
+    in the same order, so their ports agree; a run one rank alone starts (a retry after a crash there) meets no
+    peer and ends at its timeout."""
+    env = os.environ if environ is None else environ
+    try:
+        world, port = int(env.get("WORLD_SIZE", "1")), int(env["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return {}
+    if world < 2:
+        return {}
+    offset = SECTION_RUNS.index(name) + 1 if name in SECTION_RUNS else len(SECTION_RUNS) + 1
+    return {"MASTER_PORT": str(port + offset), "TORCHELASTIC_USE_AGENT_STORE": "False"}
+
+
 def _run_program(request: dict, workdir: str, name: str, run_device: str, steps: Optional[int], **extra) -> dict:
     from hal.conformance.runtime.runner import run_child
     spec_path, result_path, spec = _program_spec(request, workdir, name, run_device, steps, **extra)
-    return run_child(spec_path, result_path, spec["timeout"], env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return run_child(spec_path, result_path, spec["timeout"],
+                     env=dict(os.environ, PYTHONUNBUFFERED="1", **rendezvous_env(name)))
 
 
 #: how many times a crashed profile run is run again

@@ -37,7 +37,8 @@ def _tensors(obj: Any) -> Iterable[torch.Tensor]:
 
 def live_tensor_bytes(*objs: Any, device_type: str = "cpu") -> int:
     """Bytes of the distinct storages of ``device_type`` reachable from ``objs`` (modules, optimizers,
-    dicts, lists, tensors). A module contributes parameters, their gradients and buffers."""
+    dicts, lists, tensors). A module contributes parameters, their gradients and buffers; a DTensor its local
+    shard; a tensor subclass with no storage of its own nothing."""
     seen: set[int] = set()
     total = 0
     for obj in objs:
@@ -49,10 +50,14 @@ def live_tensor_bytes(*objs: Any, device_type: str = "cpu") -> int:
         else:
             items = [obj]
         for t in _tensors(items):
+            t = getattr(t, "_local_tensor", t)  # a DTensor (tensor parallelism): this rank's shard
             if t.device.type != device_type:
                 continue
-            st = t.untyped_storage()
-            key = st.data_ptr()
+            try:
+                st = t.untyped_storage()
+                key = st.data_ptr()
+            except (RuntimeError, NotImplementedError):  # another subclass without plain memory of its own
+                continue
             if key in seen or st.nbytes() == 0:
                 continue
             seen.add(key)

@@ -702,3 +702,48 @@ def test_parameters_outside_every_module_are_compared_and_named(tmp_path):
     assert [m["kind"] for m in p["metrics"]].count("gradient") == 2
     assert len(p["not_compared"]) == 1 and p["not_compared"][0].startswith(
         "the float64 reference run kept 2 optimizer parameter(s) in their own dtype"), p["not_compared"]
+
+
+def test_section_runs_of_ranks_audited_one_by_one_meet_at_a_rendezvous_of_their_own():
+    """Each section run of a rank audited under torchrun gets ``$MASTER_PORT`` plus its place, and its own store
+    (not torchrun's, where the first run's keys were stale for the next); a single process gets nothing."""
+    env = {"WORLD_SIZE": "2", "MASTER_PORT": "29400", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    ports = [wa.rendezvous_env(name, env)["MASTER_PORT"] for name in wa.SECTION_RUNS]
+    assert ports == ["29401", "29402", "29403", "29404", "29405"]
+    assert wa.rendezvous_env("precision-target", env)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert wa.rendezvous_env("precision-target", {**env, "WORLD_SIZE": "1"}) == {}
+    assert wa.rendezvous_env("precision-target", {"WORLD_SIZE": "2"}) == {}
+
+
+@pytest.mark.parametrize("fixture", ["ddp_torchrun.py", "tensor_parallel_torchrun.py"])
+def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_rank(tmp_path, fixture):
+    """``torchrun --nproc-per-node 2 --no-python sh -c 'hal-audit train.py --precision --profile --out out-$RANK'``
+    (docs/runtime-audit.md): every rank's float64 reference, target and profile runs meet their peers' at a
+    rendezvous of their own. Before, the reference runs failed to connect ("Gloo connectFullMesh failed") and the
+    sections were not produced. The tensor-parallel program (pytorch/examples tensor_parallel_example's pattern):
+    its DTensor ops run unrecorded and the report says so, its gradients and parameters are compared on each rank's
+    shards, its functional all_reduce is not shadowed (a float64 shadow of it on one rank's values was a false
+    first divergence), its profile's memory step reads the shards (it raised on the DTensor's storage), and on torch
+    2.4.1's CUDA build init_device_mesh's default group is gloo (it asked for NCCL: "no GPUs found")."""
+    exe = os.path.join(os.path.dirname(sys.executable), "hal-audit")
+    audit = (f"{exe} {FIX / 'runtime' / fixture} --device mlu --devices 2 --precision --profile --steps 3 "
+             f"--timeout 120 --format json --out {tmp_path}/out-$RANK -- --steps 12 > {tmp_path}/stdout-$RANK")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "--no-python", "sh", "-c", audit], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    tensor_parallel = fixture.startswith("tensor_parallel")
+    for rank in (0, 1):
+        doc = json.loads((tmp_path / f"out-{rank}" / "audit.json").read_text())
+        prec, prof = doc["precision"], doc["profile"]
+        assert prec["verdict"] == "pass" and prec["reference"]["status"]["status"] == "ok", prec.get("error")
+        assert [m["kind"] for m in prec["metrics"]].count("gradient") == 4
+        assert len(prec["drift"]["losses_reference"]) == 3
+        if tensor_parallel:
+            assert len(prec["not_compared"]) == 1 and "on tensor subclasses" in prec["not_compared"][0], \
+                prec["not_compared"]
+            assert "all_reduce" not in {m["op"] for m in prec["metrics"]}
+        else:
+            assert prec["not_compared"] == []
+        assert prof.get("verdict") != "error" and prof["step_ms"]["median"] > 0, prof
+        assert not prof["not_measured"] and not prof["errors"], (prof["not_measured"], prof["errors"])

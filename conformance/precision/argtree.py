@@ -3,11 +3,13 @@
 An op reaching ``__torch_dispatch__`` carries only nested tuples, lists and dicts of leaves
 (tensors, numbers, dtypes, devices, None ...), so a plain recursive walk is exact here and about
 ten times cheaper per call than ``torch.utils._pytree`` (which serves any registered container).
-Pure functions; thread-safe.
+Pure functions; thread-safe. Also what a sharded tensor (DTensor) holds on this rank (:func:`local_tensor`).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
+
+import torch
 
 _CONTAINERS = (tuple, list)
 
@@ -49,3 +51,19 @@ def named_arguments(func: Any, args: tuple, kwargs: Any = None) -> Dict[str, Any
     named = dict(zip((a.name for a in func._schema.arguments), args))
     named.update(kwargs or {})
     return named
+
+
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def is_dispatch_subclass(cls: type) -> bool:
+    """Whether tensor class ``cls`` has a ``__torch_dispatch__`` of its own (DTensor, the functional collectives'
+    AsyncCollectiveTensor, a FakeTensor ...): its values are not plain memory the tracers can sample or shadow
+    (``nn.Parameter`` and ``torch.Tensor`` itself are not)."""
+    return cls is not torch.Tensor and getattr(cls, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
+
+
+def local_tensor(t: Any) -> Any:
+    """``t``'s local shard when ``t`` is a sharded tensor (DTensor: a ``_local_tensor`` slot), else ``t`` itself: what
+    a fingerprint or a sample of this rank's values reads (an op mixing a DTensor with a plain tensor raises)."""
+    return t._local_tensor if isinstance(t, torch.Tensor) and hasattr(type(t), "_local_tensor") else t

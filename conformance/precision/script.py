@@ -60,7 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from hal.conformance.runtime.sections import take_back
 
-from .argtree import map_leaves, named_arguments
+from .argtree import local_tensor, map_leaves, named_arguments
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen
@@ -369,7 +369,7 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
     """Order-sensitive checksum of tensors: [count, sum, weighted sum] in float64."""
     s = w = 0.0
     for i, t in enumerate(ts):
-        v = t.detach().reshape(-1)
+        v = local_tensor(t).detach().reshape(-1)  # a DTensor: this rank's shard
         if v.numel() == 0:
             continue
         v = v.to("cpu", torch.float64)
@@ -859,6 +859,7 @@ class ProgramPrecision:
         (:func:`take_samples`): float64 for the reference, ``t``'s own dtype for the target (the values are exact
         either way; the dtype selects the target's tolerance)."""
         out = {}
+        named = [(name, local_tensor(t)) for name, t in named]  # a DTensor's: this rank's shard
         for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
             out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
         return out
@@ -1060,6 +1061,15 @@ class ProgramPrecision:
                                     f"only; by op: {by_op}" + (f" and {more} more op(s)" if more > 0 else ""))
             if ref.get("truncated"):
                 not_compared.append("the reference run stopped storing samples (op or size cap reached)")
+        subclass = tr.subclass_ops if tr is not None else {}
+        if subclass:
+            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(subclass).most_common(6))
+            not_compared.append(f"{sum(subclass.values())} op output(s) on tensor subclasses with a dispatch of their "
+                                "own (DTensor: tensor parallelism; the functional collectives' tensors) ran "
+                                "unrecorded: a DTensor holds this rank's shard and its op may redistribute it first, "
+                                "so no float64 shadow or sample of them is that op's; by op: "
+                                f"{by_op}{' ...' if len(subclass) > 6 else ''}. Gradients and parameters are compared "
+                                "on this rank's shards")
         if self.truncated:
             not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
         if tr is None:

@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import thresholds as th
-from .argtree import leaves, map_leaves
+from .argtree import is_dispatch_subclass, leaves, map_leaves
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
 from .shadow import Shadow, ShadowJob, error_line, float64_home
 
@@ -88,14 +88,19 @@ class _OpInfo:
     """What the tracer needs to know of one aten overload, worked out once (:func:`_op_info`)."""
 
     name: str  #: the name records use (device attention kernels share the canonical one)
-    passthrough: bool  #: a view, copy, factory or in-place op: not compared, carries its source's producer
+    passthrough: bool  #: a view, copy, factory, in-place or collective op: not compared, carries its source's producer
     n_out: Optional[int]  #: how many leading outputs are compared (None: all)
     writes: Tuple[Any, ...]  #: the arguments the op writes: positions, or names of keyword-only ones
-    #: a collective (``c10d``): its result lands later, from the process group's own thread, which no mode sees
+    #: a collective (:data:`_COLLECTIVE_NAMESPACES`): its result lands later, from the process group's own thread,
+    #: which no mode sees
     collective: bool = False
 
 
 _OP_INFO: Dict[Any, _OpInfo] = {}
+#: the namespaces of collective ops: ``c10d`` (``allreduce_`` ...: the process group's) and the functional collectives
+#: (``_c10d_functional.all_reduce`` ... and ``wait_tensor``: DTensor's redistributions, the tensor-parallel styles).
+#: Never compared: a float64 shadow of one on this rank's values alone is not the collective's result
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
 
 
 def _op_info(func) -> _OpInfo:
@@ -109,8 +114,9 @@ def _op_info(func) -> _OpInfo:
         for i, a in enumerate(getattr(getattr(func, "_schema", None), "arguments", ())):
             if a.alias_info is not None and a.alias_info.is_write:
                 writes.append(a.name if a.kwarg_only else i)
-        info = _OP_INFO[func] = _OpInfo(canonical, name in _SKIP or func.is_view or name.endswith("_"),
-                                        n_out, tuple(writes), getattr(func, "namespace", "") == "c10d")
+        collective = getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES
+        info = _OP_INFO[func] = _OpInfo(canonical, name in _SKIP or func.is_view or name.endswith("_") or collective,
+                                        n_out, tuple(writes), collective)
     return info
 
 
@@ -254,6 +260,8 @@ class StepTracer(TorchDispatchMode):
         self.shadow = Shadow(max_elements, cache_bytes=cache_bytes, sample=sample) if self.do_shadow else None
         self.max_elements = max_elements if sample else 1 << 62
         self.records: List[OpRecord] = []
+        #: op outputs on tensor subclasses (DTensor ...) run but not recorded, by op (:meth:`_on_subclass`)
+        self.subclass_ops: Dict[str, int] = collections.Counter()
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
         self._stack: List[str] = []
         #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
@@ -420,7 +428,9 @@ class StepTracer(TorchDispatchMode):
                 self._internal = True
                 try:
                     for i, t in enumerate(x for x in leaves(output) if isinstance(x, torch.Tensor)):
-                        if t.is_floating_point() and t.numel() > 0:
+                        if is_dispatch_subclass(type(t)):
+                            self.subclass_ops["<module>"] += 1
+                        elif t.is_floating_point() and t.numel() > 0:
                             self._observe("forward", path, "<module>", t, i, kind="module")
                 finally:
                     self._internal = False
@@ -501,7 +511,22 @@ class StepTracer(TorchDispatchMode):
         if self.direct_below and (not types or all(t is torch.Tensor for t in types)):
             with _NO_PYTHON_DISPATCH(), _NO_TORCH_FUNCTION():
                 return self._record(func, args, kwargs, aside=False)
+        if types and any(is_dispatch_subclass(t) for t in types):
+            return self._on_subclass(func, args, kwargs)
         return self._record(func, args, kwargs, aside=True)
+
+    def _on_subclass(self, func, args, kwargs):
+        """An op on tensor subclasses with a dispatch of their own (DTensor: tensor parallelism), run as it is and
+        not recorded: a DTensor holds only this rank's shard and its op may move data between ranks (a
+        redistribution) before its local computation, so neither a float64 shadow of it on these arguments nor a
+        sample of its output is that op's. Counted by op in :attr:`subclass_ops` (the report says so)."""
+        info = _op_info(func)
+        if self._held:
+            self._guard(info, args, kwargs)
+        out = func(*args, **kwargs)
+        if not (self._internal or info.passthrough):
+            self.subclass_ops[info.name] += 1
+        return out
 
     def _record(self, func, args, kwargs, aside: bool):
         if self.role == "reference" and not self._internal:
@@ -530,7 +555,10 @@ class StepTracer(TorchDispatchMode):
         # and redirect modes in a script's child) need see them
         with modes_set_aside() if aside else contextlib.nullcontext():
             for i, o in enumerate(outs):
-                if isinstance(o, torch.Tensor) and o.numel() > 0 and (
+                if type(o) is not torch.Tensor and is_dispatch_subclass(type(o)):
+                    # made from plain tensors (the functional collectives' AsyncCollectiveTensor): no plain memory
+                    self.subclass_ops[name] += 1
+                elif isinstance(o, torch.Tensor) and o.numel() > 0 and (
                         o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
                     self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
                                   inputs=inputs)

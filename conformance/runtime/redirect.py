@@ -461,10 +461,21 @@ class DeviceRedirect(TorchFunctionMode):
             if backend is not None and "nccl" in str(backend).lower():
                 redirect.record("runtime-redirect-nccl", asked=str(backend))
                 backend = "gloo"
+            elif backend is None and redirect.device == "cpu":
+                # torch's default pairs CUDA tensors with NCCL where the build has it (PyPI's CUDA build of torch
+                # 2.4.1 on a machine without a GPU: "ProcessGroupNCCL is only supported with GPUs"); every tensor is
+                # on the CPU here
+                backend = "gloo"
             return real_init(backend, *args, **kwargs)
 
         self._patch(dist, "init_process_group", init_process_group)
         self._patch(c10d, "init_process_group", init_process_group)
+        try:  # init_device_mesh starts the default group itself, through the name its module bound at import
+            import torch.distributed.device_mesh as mesh_module
+        except ImportError:  # pragma: no cover - torch without distributed
+            mesh_module = None
+        if getattr(mesh_module, "init_process_group", None) is real_init:
+            self._patch(mesh_module, "init_process_group", init_process_group)
         self._install_device_mesh()
         if self.device == "cpu":
             from torch.nn.parallel import distributed as ddp_mod
