@@ -185,11 +185,7 @@ AUDIT_OPTIONS = {"examples distributed/ddp example.py (--devices 2)": ["--device
                  **{name: ["--devices", str(ranks)] for name, ranks in TORCHRUN.items()}}
 #: program -> why it fails here, where the cause is known and is not the audit's (the plain run cannot show it: a
 #: program that needs N GPUs exits early without the audit's --devices)
-KNOWN_CAUSES = {
-    "examples tensor_parallelism fsdp_tp_example.py (torchrun, 4 ranks)":
-        "CPU emulation: torch's DTensor has no sharding strategy for the CPU flash-attention kernel "
-        "(aten._scaled_dot_product_flash_attention_for_cpu) that SDPA picks on the CPU; CUDA's flash, efficient "
-        "and cuDNN attention kernels have one"}
+KNOWN_CAUSES: dict = {}
 
 #: program -> its arguments for ``--sections`` (the profile's schedule needs 3 + 2 x --steps training steps of the
 #: program on the CPU, and an evaluation inside a timed step skews its time: more iterations, no evaluation between)

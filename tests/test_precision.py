@@ -663,3 +663,26 @@ def test_pointwise_sample_block_is_a_view_that_commutes_with_the_op(shape, max_e
     want = block_of(out, shape, where)
     assert torch.equal(got, want) and 0 < want.numel() <= max(max_elements, 1)
     assert want.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()  # a view: no gather
+
+
+def test_collectives_and_fsdp_buffer_copies_are_never_compared():
+    """A functional collective (DTensor's redistributions: a float64 shadow of it on one rank's values is not its
+    result) and FSDP2's copies into its all-gather buffer (whose padding is never written: compared, it was a false
+    divergence of 1e38 on pytorch/examples fsdp_tp_example) carry their source's producer and are not recorded."""
+    import importlib
+
+    import torch.distributed._functional_collectives  # noqa: F401  registers _c10d_functional
+    from hal.conformance.precision.tracer import _op_info
+    info = _op_info(torch.ops._c10d_functional.all_reduce.default)
+    assert info.passthrough and info.collective
+    assert not _op_info(torch.ops.aten.mm.default).passthrough
+    for module in ("torch.distributed.fsdp._fully_shard._fsdp_collectives",  # torch >= 2.6 registers fsdp:: ops
+                   "torch.distributed._composable.fsdp._fsdp_collectives"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+    copy_in = getattr(getattr(torch.ops.fsdp, "all_gather_copy_in", None), "default", None) \
+        if hasattr(torch.ops, "fsdp") else None
+    if copy_in is not None:  # torch 2.4's FSDP2 copies with aten ops
+        assert _op_info(copy_in).passthrough and not _op_info(copy_in).collective

@@ -122,6 +122,24 @@ def user_frame() -> tuple[str, int]:
     return fallback
 
 
+def headwise_attention(sdpa: Callable[..., Any], query: Any, key: Any, value: Any, args: tuple, kwargs: dict) -> Any:
+    """``sdpa(query, key, value, *args, **kwargs)`` of DTensors computed on each rank's local tensors and returned as a
+    DTensor of the query's layout, when that is the same attention: the three of one mesh and one layout, 4-D, each
+    placement a shard of dimension 0 (batch) or 1 (heads) or a replica, no mask (keyword arguments only). None
+    otherwise (plain tensors, a sequence-sharded layout, a mask): the caller runs ``sdpa`` itself. Differentiable
+    (``to_local`` and ``from_local`` are)."""
+    ts = (query, key, value)
+    if args or kwargs.get("attn_mask") is not None or not all(hasattr(type(t), "_local_tensor") for t in ts):
+        return None
+    if any(t.device_mesh != query.device_mesh or tuple(t.placements) != tuple(query.placements) or t.dim() != 4
+           for t in ts):
+        return None
+    if not all(p.is_replicate() or p.is_shard(0) or p.is_shard(1) for p in query.placements):
+        return None
+    out = sdpa(query.to_local(), key.to_local(), value.to_local(), **kwargs)
+    return type(query).from_local(out, query.device_mesh, query.placements, run_check=False)
+
+
 def _is_cuda(dev: Any) -> bool:
     if isinstance(dev, torch.device):
         return dev.type == "cuda"
@@ -247,6 +265,7 @@ class DeviceRedirect(TorchFunctionMode):
         self._install_compile()
         self._install_amp()
         self._install_distributed()
+        self._install_attention()
         self._install_data_parallel()
         self._install_generator()
         self._install_backward()
@@ -511,6 +530,28 @@ class DeviceRedirect(TorchFunctionMode):
             real(device_mesh, *args, **kwargs)
         mesh_init.__wrapped__ = real  # type: ignore[attr-defined]
         self._patch(DeviceMesh, "__init__", mesh_init)
+
+    def _install_attention(self) -> None:
+        """On the CPU, ``F.scaled_dot_product_attention`` of DTensors split by heads (tensor parallelism: the query,
+        key and value all sharded on the batch or the head dimension, or replicated, alike, no mask) runs on each
+        rank's local tensors, as DTensor's strategies for CUDA's flash, efficient and cuDNN kernels do: DTensor has none
+        for the CPU flash-attention kernel SDPA picks there, and pytorch/examples tensor_parallelism fsdp_tp_example
+        ended at it ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
+        strategy registered"; SDPA's math form adds a plain causal mask to the DTensor scores). Any other call is
+        SDPA's own."""
+        if self.device != "cpu":
+            return
+        import functools
+
+        import torch.nn.functional as F
+        real = F.scaled_dot_product_attention
+
+        @functools.wraps(real)
+        def scaled_dot_product_attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+            out = headwise_attention(real, query, key, value, args, kwargs)
+            return real(query, key, value, *args, **kwargs) if out is None else out
+
+        self._patch(F, "scaled_dot_product_attention", scaled_dot_product_attention)
 
     def rebind(self, fn: Any) -> None:
         """In a process that imported the program before :meth:`install` (a ``mp.spawn`` worker unpickles the
