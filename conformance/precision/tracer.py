@@ -103,7 +103,7 @@ _OP_INFO: Dict[Any, _OpInfo] = {}
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
 #: namespaces of ops that only copy values into or out of a communication buffer, never compared: FSDP2's
 #: (``fsdp.all_gather_copy_in``: the buffer's padding is never written, and compared it was a false divergence of
-#: 1e38 on pytorch/examples fsdp_tp_example; ``split_with_sizes_copy``, ``chunk_cat``)
+#: 1e38 on pytorch/examples fsdp_tp_example; ``split_with_sizes_copy`` out of it)
 _COPY_NAMESPACES = frozenset({"fsdp"})
 
 
