@@ -38,6 +38,20 @@ def release() -> None:
         HELD.clear()
 
 
+def _end_left_alive() -> None:
+    """Destroy, through the patched ``destroy_process_group`` (so they are held, then released), the process groups
+    the program left initialised: one the step bound stopped before its own ``destroy_process_group()``, or one that
+    never calls it. Left to the process's end, their threads saw the peer rank's exit as an I/O error and aborted
+    the process ("terminate called without an active exception", SIGABRT: an audited mp.spawn rank stopped after
+    ``--steps 2``, torch 2.13, CI of 2026-12-06). Never raises."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # a group that cannot be destroyed is left as it was
+        pass
+
+
 def install() -> list[tuple[Any, str, Any]]:
     """Wrap ``destroy_process_group`` and ``init_process_group`` in ``torch.distributed`` and its
     ``distributed_c10d`` module (a program may import either name). Returns the patches, for :func:`remove`;
@@ -80,7 +94,10 @@ def install() -> list[tuple[Any, str, Any]]:
 
 
 def remove(saved: list[tuple[Any, str, Any]]) -> None:
-    """Undo :func:`install`'s patches, then :func:`release` the held groups."""
+    """Destroy the groups the program left initialised (:func:`_end_left_alive`), undo :func:`install`'s patches, then
+    :func:`release` the held groups."""
+    if saved:
+        _end_left_alive()
     for owner, name, value in reversed(saved):
         setattr(owner, name, value)
     release()
