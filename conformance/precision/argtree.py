@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 _CONTAINERS = (tuple, list)
 
@@ -63,7 +64,33 @@ def is_dispatch_subclass(cls: type) -> bool:
     return cls is not torch.Tensor and getattr(cls, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
 
 
+def is_sharded_class(cls: type) -> bool:
+    """Whether tensor class ``cls`` is a sharded tensor's (DTensor: a ``_local_tensor`` slot holding this rank's
+    shard), whose ops compute on that shard after any redistribution their sharding needs."""
+    return hasattr(cls, "_local_tensor")
+
+
+def is_pending_collective_class(cls: type) -> bool:
+    """Whether tensor class ``cls`` is the functional collectives' AsyncCollectiveTensor: a collective's result,
+    waited for (``wait_tensor``) by the first op that reads it, which then runs on the plain tensor."""
+    return cls.__name__ == "AsyncCollectiveTensor" and cls.__module__.startswith("torch.distributed")
+
+
+def is_fake_class(cls: type) -> bool:
+    """Whether tensor class ``cls`` is FakeTensor's (shapes and dtypes, no values): DTensor's sharding propagation
+    runs each new op once on fake tensors to learn its output's metadata."""
+    return issubclass(cls, FakeTensor)
+
+
 def local_tensor(t: Any) -> Any:
     """``t``'s local shard when ``t`` is a sharded tensor (DTensor: a ``_local_tensor`` slot), else ``t`` itself: what
     a fingerprint or a sample of this rank's values reads (an op mixing a DTensor with a plain tensor raises)."""
-    return t._local_tensor if isinstance(t, torch.Tensor) and hasattr(type(t), "_local_tensor") else t
+    return t._local_tensor if isinstance(t, torch.Tensor) and is_sharded_class(type(t)) else t
+
+
+def plain_values(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding ``t``'s values on this rank where ``t`` is a wrapper whose ops compute on one: a
+    DTensor's local shard, an AsyncCollectiveTensor's result (waited for here, as the first op reading it would);
+    else ``t`` itself."""
+    t = local_tensor(t)
+    return t.trigger_wait() if is_pending_collective_class(type(t)) else t

@@ -47,7 +47,7 @@ from .calibration import calibrate, device_available
 from .drift import drift_stats, relative_deviations
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, take_samples
 from .result import PrecisionResult
-from .tracer import EXACT_CAST, OpRecord, StepTracer, Widen64Mode
+from .tracer import EXACT_CAST, OpRecord, StepTracer, Widen64Mode, module_to
 
 _REF_DEVICE = torch.device("cpu")
 
@@ -476,12 +476,12 @@ def compare_module(module_factory: Callable[[], torch.nn.Module], inputs: Union[
 
     def build(dev):
         torch.manual_seed(seed)
-        model = module_factory().to(dev, dtype)
+        model = module_to(module_factory(), dev, dtype)
         disable_dropout(model)
         model.train()
         opt = opt_factory(model.parameters())
         ref_model, ref_opt = copy.deepcopy((model, opt))
-        ref_model.to(_REF_DEVICE, torch.float64)
+        module_to(ref_model, _REF_DEVICE, torch.float64, torch.complex128)
         widen_optimizer_state(ref_opt)
         ref_opt = _rebind_optimizer(ref_opt, ref_model, opt_factory)
         targs = tree_map(lambda x: x.to(dev, dtype) if isinstance(x, torch.Tensor) and x.is_floating_point()
@@ -531,7 +531,7 @@ def compare_workload(workload: Any, device="cpu", dtype: torch.dtype = torch.flo
         # share (do not copy) the HAL backend object: it may hold device handles or modules
         memo = {id(v): v for k, v in vars(w).items() if k in ("backend", "comm") and v is not None}
         ref_w = copy.deepcopy(w, memo)
-        ref_w.model.to(_REF_DEVICE, torch.float64)
+        module_to(ref_w.model, _REF_DEVICE, torch.float64, torch.complex128)
         widen_optimizer_state(ref_w.optimizer)
         for attr, val in (("device", _REF_DEVICE), ("dtype", torch.float64)):
             if hasattr(ref_w, attr):

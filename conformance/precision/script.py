@@ -63,7 +63,7 @@ from hal.conformance.runtime.sections import take_back
 from .argtree import local_tensor, map_leaves, named_arguments
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
-from .tracer import _SKIP, StepTracer, _op_info, _widen
+from .tracer import _SKIP, StepTracer, _op_info, _widen, module_to
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
 SCRIPT_MAX_ELEMENTS = 4096
@@ -320,9 +320,7 @@ class _ProgramTracer(StepTracer):
         if self._internal or _draws_random(func, args, kwargs):
             # a seeded normal_/bernoulli_, or an unrecorded op of the program's (GradScaler.unscale_ multiplies the
             # gradients in place), may write a held output: the queued comparison keeps the value it had
-            if self._held:
-                self._guard(_op_info(func), args, kwargs)
-            return func(*args, **kwargs)
+            return self._unrecorded(func, args, kwargs)
         if (self.role == "reference" and func is torch.ops.aten.full.default and "dtype" not in kwargs
                 and len(args) > 1 and isinstance(args[1], float)):
             # a float fill without a dtype (torch.full(shape, torch.finfo(x.dtype).min), as transformers'
@@ -802,7 +800,7 @@ class ProgramPrecision:
 
     def _convert(self, module: torch.nn.Module) -> None:
         with self._internal():
-            module.to(torch.float64)
+            module_to(module, dtype=torch.float64, complex_dtype=torch.complex128)
             self.converted.add(module)
 
     def _start_tracer(self, recording: bool) -> None:
@@ -1065,11 +1063,9 @@ class ProgramPrecision:
         if subclass:
             by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(subclass).most_common(6))
             not_compared.append(f"{sum(subclass.values())} op output(s) on tensor subclasses with a dispatch of their "
-                                "own (DTensor: tensor parallelism; the functional collectives' tensors) ran "
-                                "unrecorded: a DTensor holds this rank's shard and its op may redistribute it first, "
-                                "so no float64 shadow or sample of them is that op's; by op: "
-                                f"{by_op}{' ...' if len(subclass) > 6 else ''}. Gradients and parameters are compared "
-                                "on this rank's shards")
+                                "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
+                                "the plain ops they run; these subclasses' values are not plain memory to shadow or "
+                                f"sample); by op: {by_op}{' ...' if len(subclass) > 6 else ''}")
         if self.truncated:
             not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
         if tr is None:

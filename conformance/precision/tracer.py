@@ -34,7 +34,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import thresholds as th
-from .argtree import is_dispatch_subclass, leaves, map_leaves
+from .argtree import (is_dispatch_subclass, is_fake_class, is_pending_collective_class, is_sharded_class, leaves,
+                      map_leaves, plain_values)
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
 from .shadow import Shadow, ShadowJob, error_line, float64_home
 
@@ -207,7 +208,21 @@ def modes_set_aside() -> contextlib.AbstractContextManager:
 #: the H200's host); only for calls whose tensors are plain ``torch.Tensor`` (a subclass would lose its own
 #: dispatch) made from a mode whose modes below may be skipped (``StepTracer.direct_below``)
 _NO_PYTHON_DISPATCH = torch._C._DisableTorchDispatch
+_get_dispatch_mode = torch._C._get_dispatch_mode
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+
+
+def module_to(module: torch.nn.Module, device=None, dtype: Optional[torch.dtype] = None,
+              complex_dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
+    """``module.to(device, dtype)`` in place (returned), except that a complex parameter or buffer gets
+    ``complex_dtype`` (None: keeps its own). ``Module.to(torch.float64)`` casts a complex buffer to a real one,
+    dropping its imaginary part: a Llama-style model's rotary table (``freqs_cis``, complex64) became its real part in
+    the float64 reference, whose attention was then wrong (pytorch/examples fsdp_tp_example: a false first divergence,
+    "amplified", at the first attention). Subclass parameters (DTensor) are handled as ``Module.to`` handles them."""
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device, dtype if t.is_floating_point() else complex_dtype if t.is_complex() else None)
+    return module._apply(convert)
 
 
 def _widen(x):
@@ -432,7 +447,7 @@ class StepTracer(TorchDispatchMode):
             if self._record_modules:
                 self._internal = True
                 try:
-                    for i, t in enumerate(x for x in leaves(output) if isinstance(x, torch.Tensor)):
+                    for i, t in enumerate(plain_values(x) for x in leaves(output) if isinstance(x, torch.Tensor)):
                         if is_dispatch_subclass(type(t)):
                             self.subclass_ops["<module>"] += 1
                         elif t.is_floating_point() and t.numel() > 0:
@@ -512,26 +527,46 @@ class StepTracer(TorchDispatchMode):
         """The body of :meth:`__torch_dispatch__` (a subclass calls it from its own: torch wraps every
         ``__torch_dispatch__`` in a dynamo-disabling frame, a few microseconds a call, so ``super()`` would pay it
         twice). With :attr:`direct_below` set and plain tensors only, the op and the bookkeeping run with Python
-        dispatch off (:data:`_NO_PYTHON_DISPATCH`), not through the modes below in Python."""
+        dispatch off (:data:`_NO_PYTHON_DISPATCH`), not through the modes below in Python. Under a FakeTensorMode
+        (DTensor's sharding propagation runs each new op once on fake tensors: shapes, no values) the op goes on to it
+        unrecorded (that mode is an infra mode, consulted after this one, and the direct path would bypass it)."""
+        if _get_dispatch_mode(_FAKE_MODE) is not None:
+            return func(*args, **kwargs)
         if self.direct_below and (not types or all(t is torch.Tensor for t in types)):
             with _NO_PYTHON_DISPATCH(), _NO_TORCH_FUNCTION():
                 return self._record(func, args, kwargs, aside=False)
         if types and any(is_dispatch_subclass(t) for t in types):
-            return self._on_subclass(func, args, kwargs)
+            return self._on_subclass(func, types, args, kwargs)
         return self._record(func, args, kwargs, aside=True)
 
-    def _on_subclass(self, func, args, kwargs):
-        """An op on tensor subclasses with a dispatch of their own (DTensor: tensor parallelism), run as it is and
-        not recorded: a DTensor holds only this rank's shard and its op may move data between ranks (a
-        redistribution) before its local computation, so neither a float64 shadow of it on these arguments nor a
-        sample of its output is that op's. Counted by op in :attr:`subclass_ops` (the report says so)."""
+    def _on_subclass(self, func, types, args, kwargs):
+        """An op on tensor subclasses with a dispatch of their own.
+
+        A wrapper's op that computes on plain tensors is handed back (``NotImplemented``): the subclass's own
+        dispatch then runs with this mode still on the stack, so what it does on this rank comes here as plain ops
+        and is recorded like any other op, in the module that runs it. A sharded tensor's (DTensor: tensor
+        parallelism): its redistributions (functional collectives, never compared) and its local computation on
+        the shards (shadowed in float64 on those, and compared with the float64 run's, which holds the same
+        shards); a float64 shadow of the DTensor op itself on this rank's arguments would not be that op, which may
+        redistribute them first. An AsyncCollectiveTensor's (a collective's result, as a DTensor's row-wise layer
+        returns it): the wait, then the op on the result.
+
+        Any other subclass's op runs as it is, unrecorded: a FakeTensor's (shapes, no values) silently, others
+        counted by op in :attr:`subclass_ops` (the report says so)."""
+        if not self._internal and any(is_sharded_class(t) or is_pending_collective_class(t) for t in types):
+            return NotImplemented
         info = _op_info(func)
-        if self._held:
-            self._guard(info, args, kwargs)
-        out = func(*args, **kwargs)
-        if not (self._internal or info.passthrough):
+        out = self._unrecorded(func, args, kwargs, info)
+        if not (self._internal or info.passthrough or any(is_fake_class(t) for t in types)):
             self.subclass_ops[info.name] += 1
         return out
+
+    def _unrecorded(self, func, args, kwargs, info: Optional["_OpInfo"] = None):
+        """``func(*args, **kwargs)``, not recorded, after copying the held values (:meth:`_hold`) it may overwrite
+        (``info``: its :class:`_OpInfo`, looked up when not given)."""
+        if self._held:
+            self._guard(info or _op_info(func), args, kwargs)
+        return func(*args, **kwargs)
 
     def _record(self, func, args, kwargs, aside: bool):
         if self.role == "reference" and not self._internal:
