@@ -82,6 +82,7 @@ SHAPES: dict[str, dict] = {
     "reports/cuda/routing-*.json": _req("measured", "default", "ops", "sweep", ops={"type": "object"}),
     "reports/cuda/kern_timing.json": _req("routing", "rows", rows={"type": "array"}),
     "reports/cuda/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
+    "reports/cuda/h100/kern_timing-*.json": _req("routing", "rows", rows={"type": "array"}),
     # benchmarks/tune_norm_bwd.py: every norm backward plan's GPU time per width, and the chosen table
     "reports/cuda/tune_norm_bwd*.json": _req("environment", "rows", "tuned", rows={"type": "array", "minItems": 1},
                                             tuned={"type": "object", "minProperties": 1}),
