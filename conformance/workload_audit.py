@@ -253,8 +253,9 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
     return spec_path, result_path, spec
 
 
-#: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`)
-SECTION_RUNS = ("precision-reference", "precision-target", "profile", "profile-retry1", "profile-retry2")
+#: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`); a crashed
+#: profile run is not run again there (:data:`PROFILE_RETRIES`)
+SECTION_RUNS = ("precision-reference", "precision-target", "profile")
 
 
 def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
@@ -264,8 +265,8 @@ def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
     hosted by rank 0's run (``TORCHELASTIC_USE_AGENT_STORE=False``), not at torchrun's store. There, the keys the
     audit's first run had left made the second run's ranks read stale addresses ("Gloo connectFullMesh failed ...
     Connection refused") and the runs after it hang. ``{}`` for a single process. Every rank runs the same sections
-    in the same order, so their ports agree; a run one rank alone starts (a retry after a crash there) meets no
-    peer and ends at its timeout."""
+    in the same order, so their ports agree; a run one rank alone starts would meet no peer and end at its timeout,
+    so a rank never starts one (a crashed profile run is not run again there: :data:`NO_LONE_RETRY`)."""
     env = os.environ if environ is None else environ
     try:
         world, port = int(env.get("WORLD_SIZE", "1")), int(env["MASTER_PORT"])
@@ -284,8 +285,13 @@ def _run_program(request: dict, workdir: str, name: str, run_device: str, steps:
                      env=dict(os.environ, PYTHONUNBUFFERED="1", **rendezvous_env(name)))
 
 
-#: how many times a crashed profile run is run again
+#: how many times a crashed profile run is run again, in a single process. A rank of a program audited rank by rank
+#: (:func:`rendezvous_env`) runs it once: where its peers' runs did not crash, a retry it started alone met no peer,
+#: waited out the audit's timeout and reported a timeout, not the crash (tests/fixtures/runtime/rank_crash_torchrun.py)
 PROFILE_RETRIES = 2
+#: why a crashed profile run of a rank audited with its peers is not run again, for the report
+NO_LONE_RETRY = ("not run again: this rank's runs meet the other ranks' at a rendezvous, and a run it started alone "
+                 "would meet none and wait out its timeout")
 
 
 def _run_line(res: dict) -> dict:
@@ -329,9 +335,10 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
             # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
             # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box), in the child or in a worker it spawned: a crashed
-            # run is run again, twice at most
+            # run is run again, twice at most, except on a rank audited with its peers (NO_LONE_RETRY)
             res, crashes = profile_run("profile"), []
-            while _crashed(res) and len(crashes) < PROFILE_RETRIES:
+            with_peers = bool(rendezvous_env("profile"))
+            while _crashed(res) and len(crashes) < (0 if with_peers else PROFILE_RETRIES):
                 crashes.append((res.get("run") or {}).get("error"))
                 res = profile_run(f"profile-retry{len(crashes)}")
             prof = res.get("profile_run")
@@ -341,6 +348,8 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                     "these figures are from the last run")
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"
+                if with_peers and _crashed(res):
+                    why += f"; {NO_LONE_RETRY}"
                 failed = _run_failure(res)
                 out["profile"] = {"verdict": "error", "verified": False, "run": _run_line(res),
                                   "error": f"{failed}nothing profiled: {why}",

@@ -735,12 +735,32 @@ def test_parameters_outside_every_module_are_compared_and_named(tmp_path):
         "the float64 reference run kept 2 optimizer parameter(s) in their own dtype"), p["not_compared"]
 
 
+def test_a_rank_whose_profile_run_crashed_does_not_run_it_again_alone(tmp_path):
+    """Under torchrun, rank 1's profiled run crashes after its last step (torch.profiler's SIGSEGV collecting a
+    session), rank 0's does not. Rank 1 reports the crash and why it did not run it again: a run it started alone
+    would meet no peer at its rendezvous. Before, it did, and waited out the audit's timeout (90 s here; on
+    pytorch/examples fsdp_tp_example, 300 s) to report a timeout instead of the crash."""
+    exe = os.path.join(os.path.dirname(sys.executable), "hal-audit")
+    audit = (f"{exe} {FIX / 'runtime' / 'rank_crash_torchrun.py'} --device cpu --devices 2 --profile --steps 2 "
+             f"--timeout 90 --format json --out {tmp_path}/out-$RANK > {tmp_path}/stdout-$RANK 2>&1; "
+             f"echo $? > {tmp_path}/rc-$RANK")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    "--no-python", "sh", "-c", audit], capture_output=True, text=True, timeout=600,
+                   env=dict(os.environ, OMP_NUM_THREADS="1", HAL_TEST_RUN_COUNTER=str(tmp_path / "runs")))
+    rc = [int((tmp_path / f"rc-{rank}").read_text()) for rank in (0, 1)]
+    prof = [json.loads((tmp_path / f"out-{rank}" / "audit.json").read_text())["profile"] for rank in (0, 1)]
+    assert rc == [0, 3], (rc, (tmp_path / "stdout-1").read_text()[-2000:])
+    assert prof[0].get("verdict") != "error" and prof[0]["step_ms"]["median"] > 0, prof[0]
+    assert prof[1]["verdict"] == "error" and prof[1]["run"]["status"] == "crashed", prof[1]
+    assert "SIGSEGV" in prof[1]["error"] and wa.NO_LONE_RETRY in prof[1]["error"], prof[1]["error"]
+
+
 def test_section_runs_of_ranks_audited_one_by_one_meet_at_a_rendezvous_of_their_own():
     """Each section run of a rank audited under torchrun gets ``$MASTER_PORT`` plus its place, and its own store
     (not torchrun's, where the first run's keys were stale for the next); a single process gets nothing."""
     env = {"WORLD_SIZE": "2", "MASTER_PORT": "29400", "TORCHELASTIC_USE_AGENT_STORE": "True"}
     ports = [wa.rendezvous_env(name, env)["MASTER_PORT"] for name in wa.SECTION_RUNS]
-    assert ports == ["29401", "29402", "29403", "29404", "29405"]
+    assert ports == ["29401", "29402", "29403"]
     assert wa.rendezvous_env("precision-target", env)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     assert wa.rendezvous_env("precision-target", {**env, "WORLD_SIZE": "1"}) == {}
     assert wa.rendezvous_env("precision-target", {"WORLD_SIZE": "2"}) == {}
