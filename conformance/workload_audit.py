@@ -425,6 +425,10 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                 "not_compared": pr.get("not_compared")}
     not_compared = list(pr.get("reasons") or []) + list(pr.get("not_compared") or [])
     ref_line, tgt_line = ref.get("run") or {}, tgt.get("run") or {}
+    if tgt_line.get("status") not in (None, "ok"):
+        error = " ".join(str(tgt_line.get("error") or "no error text").split())
+        not_compared.insert(0, f"the target run ended early ({tgt_line.get('status')}: {error[:300]}): what it ran "
+                               "before that is compared")
     if ref_line.get("status") not in (None, "ok") and ref_line.get("status") != tgt_line.get("status"):
         error = " ".join(str(ref_line.get("error") or "no error text").split())
         not_compared.insert(0, f"the float64 reference run ended early ({ref_line.get('status')}: {error[:300]}) while "

@@ -459,6 +459,39 @@ def test_exact_casts_are_compared_with_themselves_not_shadowed():
     assert not exact_cast(ops.clone.default, (torch.zeros(2),), torch.zeros(2))
 
 
+class _SparseOperands(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(40, 40))
+
+    def forward(self, adj1, adj2, features):
+        # two adds of one key (a batch of two for a dense operand), a large product and a sparse output
+        h = (self.w + adj1) * (self.w + adj2)
+        return torch.spmm(adj1, torch.mm(h, self.w)), features.to_sparse()
+
+
+def test_ops_on_sparse_operands_are_shadowed_whole_and_sparse_outputs_are_counted(monkeypatch):
+    """A sparse operand (a graph network's adjacency) is never stacked into a batch: stacked, the point-wise direct
+    form failed on it and marked ``add`` unbatchable for the rest of the process. A large product of one is shadowed
+    whole (its sampled form sliced rows of it: ``as_strided`` on SparseCPU, unshadowed). A sparse output, an op's or
+    a module's, is counted, not sampled (``reshape`` on a sparse tensor raised inside the program's op)."""
+    monkeypatch.setattr(shadow, "_UNBATCHABLE", set())
+    adj1, adj2 = [(torch.rand(40, 40, generator=torch.Generator().manual_seed(i)) < 0.2).float().to_sparse()
+                  for i in (1, 2)]
+    tr = StepTracer(_SparseOperands(), "target", max_elements=256)
+    with tr:
+        out, sparse = tr.model(adj1, adj2, torch.randn(8, 8))
+        out.sum().backward()
+    ops = [r for r in tr.records if r.kind == "op"]
+    assert not shadow._UNBATCHABLE and sparse.layout == torch.sparse_coo
+    assert [r.op for r in ops if r.phase == "forward"] == ["add", "add", "mul", "mm", "mm", "sum"]
+    assert all(r.shadow_error is None and r.local and not r.local["exceeds"] for r in ops), \
+        [(r.op, r.shadow_error) for r in ops]
+    spmm = [r for r in ops if r.op == "mm" and r.phase == "forward"][1]
+    assert spmm.shape == (40, 40) and spmm.sampling == "full" and spmm.local["n"] == 1600
+    assert dict(tr.sparse_ops) == {"_to_sparse": 1, "<module>": 1}  # the op's output, and the module's
+
+
 def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monkeypatch):
     assert float64_home(torch.device("cpu")) == torch.device("cpu")
     monkeypatch.setattr("hal.conformance.precision.shadow._HOMES", {})

@@ -221,6 +221,44 @@ def test_a_crashed_profile_run_is_run_again(tmp_path, where):
         assert prof["ops"] and any("crashed before this one" in why for why in prof["not_measured"])
 
 
+def test_a_graph_network_on_a_sparse_adjacency_gets_both_sections(tmp_path):
+    """pytorch/examples gcn's pattern: a sparse COO adjacency passed to the model and multiplied with ``torch.spmm``,
+    a sparse tensor made in the forward, an ``nn.Embedding(sparse=True)`` trained by SparseAdam. Before, the audit
+    broke the program: the input checksum reshaped the sparse adjacency ("reshape is not implemented for sparse
+    tensors", in both precision runs), the sampled matrix-product shadows sliced it (``as_strided`` on SparseCPU: 6
+    of gcn's 18 ops unshadowed), and the gradient samples read the sparse gradient with ``take``."""
+    prog = str(FIX / "precision" / "sparse_graph_train.py")
+    r, doc = _audit(tmp_path / "a", prog, "--device", "mlu", "--precision", "--profile", "--steps", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    p, prof = doc["precision"], doc["profile"]
+    assert p["verdict"] == "pass" and p["target"]["status"]["status"] == "ok", (p.get("error"), p.get("target"))
+    assert p["summary"]["shadow_failed"] == 0 and p["summary"]["matched_reference"] == p["summary"]["ops"]
+    spmm = [m for m in p["metrics"] if m["module"] == "GCN.gc1" and m["op"] == "mm" and m["phase"] == "forward"]
+    assert len(spmm) == 2 and all(m["local"] and m["total"] for m in spmm), spmm
+    sparse = [why for why in p["not_compared"] if "sparse layout" in why]
+    assert sparse and "_to_sparse 1" in sparse[0], p["not_compared"]
+    assert prof.get("verdict") != "error" and prof["step_ms"]["median"] > 0, prof.get("error")
+    # SparseAdam stepped first: the window closes there, on the embedding's sparse gradient
+    r, doc = _audit(tmp_path / "b", prog, "--device", "mlu", "--precision", "--steps", "2", "--", "--sparse-first")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["target"]["status"]["status"] == "ok", p["target"]["status"]
+    rows = {(m["kind"], m["module"], m["op"]): m for m in p["metrics"] if m["kind"] in ("gradient", "parameter")}
+    assert set(rows) == {("gradient", "GCN.node", "weight"), ("parameter", "GCN.node", "weight")}, set(rows)
+    assert all(m["status"] == "ok" and m["total"] for m in rows.values())
+
+
+def test_a_target_run_that_fails_after_the_window_says_so(tmp_path):
+    """The program raises after its second optimizer step, past the compared window: the window is compared, and the
+    section says first that the target run ended early, and how (it said nothing)."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "fails_after_first_step.py"), "--device", "cpu", "--precision",
+                    "--steps", "3")
+    p = doc["precision"]
+    assert p["verdict"] == "pass" and p["summary"]["gradients"] == 4, p
+    assert p["not_compared"][0].startswith("the target run ended early (error: RuntimeError: the data ran out after "
+                                           "two steps)"), p["not_compared"]
+
+
 def test_a_float_fill_without_a_dtype_runs_in_the_float64_reference(tmp_path):
     """torch.full(shape, torch.finfo(x.dtype).min) (transformers' masks) with x float64 in the reference
     run: the fill is made in float64 there, and the whole program is compared."""

@@ -94,3 +94,21 @@ def plain_values(t: torch.Tensor) -> torch.Tensor:
     else ``t`` itself."""
     t = local_tensor(t)
     return t.trigger_wait() if is_pending_collective_class(type(t)) else t
+
+
+_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_bsr: ("crow_indices", "col_indices"),
+               torch.sparse_csc: ("ccol_indices", "row_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
+def strided_parts(t: torch.Tensor) -> List[torch.Tensor]:
+    """The strided tensors that hold ``t``'s data: ``[t]`` for a strided tensor; a sparse COO tensor's indices and
+    values; a compressed sparse tensor's (CSR, CSC, BSR, BSC) two index tensors and values; ``[]`` for any other
+    layout (oneDNN's, a jagged one). What reads a tensor element by element (``reshape(-1)``, a sample, a checksum)
+    reads these: a graph network's sparse adjacency matrix (pytorch/examples gcn) has no ``reshape``."""
+    layout = t.layout
+    if layout == torch.strided:
+        return [t]
+    if layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    names = _COMPRESSED.get(layout)
+    return [getattr(t, names[0])(), getattr(t, names[1])(), t.values()] if names else []

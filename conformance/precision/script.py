@@ -60,7 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from hal.conformance.runtime.sections import take_back
 
-from .argtree import local_tensor, map_leaves, named_arguments
+from .argtree import local_tensor, map_leaves, named_arguments, strided_parts
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen, module_to
@@ -364,20 +364,24 @@ _UNMATCHED_WHY = {"_to_copy": " (casts, autocast's or the program's: the float64
 
 
 def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
-    """Order-sensitive checksum of tensors: [count, sum, weighted sum] in float64."""
+    """Order-sensitive checksum of tensors: [count, sum, weighted sum] in float64 (a sparse tensor's indices and
+    values: :func:`argtree.strided_parts`)."""
     s = w = 0.0
     for i, t in enumerate(ts):
-        v = local_tensor(t).detach().reshape(-1)  # a DTensor: this rank's shard
-        if v.numel() == 0:
-            continue
-        v = v.to("cpu", torch.float64)
-        s += float(v.sum())
-        w += float((v * torch.arange(1, v.numel() + 1, dtype=torch.float64).remainder(97)).sum()) * (i + 1)
+        for part in strided_parts(local_tensor(t).detach()):  # a DTensor: this rank's shard
+            v = part.reshape(-1)
+            if v.numel() == 0:
+                continue
+            v = v.to("cpu", torch.float64)
+            s += float(v.sum())
+            w += float((v * torch.arange(1, v.numel() + 1, dtype=torch.float64).remainder(97)).sum()) * (i + 1)
     return [float(len(ts)), s, w]
 
 
 #: top-level forwards whose inputs are fingerprinted (the data-order checks), from the program's first
 MAX_INPUT_FPS = 256
+#: the largest sparse gradient or parameter sampled (made dense for it: 256 MiB of float32)
+SPARSE_DENSE_MAX = 1 << 26
 
 
 def _storage_ptr(t: torch.Tensor) -> Optional[int]:
@@ -855,9 +859,16 @@ class ProgramPrecision:
     def _samples(self, named: List[tuple]) -> Dict[str, torch.Tensor]:
         """``{name: fixed sample of t on the CPU}`` for ``(name, t)`` pairs, one transfer per device and dtype
         (:func:`take_samples`): float64 for the reference, ``t``'s own dtype for the target (the values are exact
-        either way; the dtype selects the target's tolerance)."""
+        either way; the dtype selects the target's tolerance). A sparse tensor (an ``nn.Embedding(sparse=True)``'s
+        gradient) is sampled dense, up to :data:`SPARSE_DENSE_MAX` elements; a larger one is left out, with a
+        reason."""
         out = {}
         named = [(name, local_tensor(t)) for name, t in named]  # a DTensor's: this rank's shard
+        for name, t in [(n, t) for n, t in named if t.layout != torch.strided and t.numel() > SPARSE_DENSE_MAX]:
+            self.reasons.append(f"{name}: a sparse tensor of {t.numel()} elements, over the {SPARSE_DENSE_MAX} "
+                                "compared densified: not compared")
+        named = [(name, t if t.layout == torch.strided else t.to_dense()) for name, t in named
+                 if t.layout == torch.strided or t.numel() <= SPARSE_DENSE_MAX]
         for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
             out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
         return out
@@ -1066,6 +1077,13 @@ class ProgramPrecision:
                                 "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
                                 "the plain ops they run; these subclasses' values are not plain memory to shadow or "
                                 f"sample); by op: {by_op}{' ...' if len(subclass) > 6 else ''}")
+        sparse = tr.sparse_ops if tr is not None else {}
+        if sparse:
+            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(sparse).most_common(6))
+            not_compared.append(f"{sum(sparse.values())} floating output(s) of a sparse layout (COO, CSR ...) ran "
+                                "unrecorded (their values are no strided block to sample or shadow; the dense "
+                                f"outputs of ops on sparse operands are compared); by op: {by_op}"
+                                f"{' ...' if len(sparse) > 6 else ''}")
         if self.truncated:
             not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
         if tr is None:

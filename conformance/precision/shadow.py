@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .argtree import map_leaves
+from .argtree import leaves, map_leaves
 from .attention import (
     _DEVICE_ATTENTION,
     _DEVICE_ATTENTION_BACKWARD,
@@ -307,13 +307,15 @@ class Shadow(SampledPlans):
             if job is not None:
                 return job
         big = self.sample and out.numel() > self.max_elements
-        if big and (out_index == 0 or name == "convolution_backward"):
+        # a sparse operand (a graph network's adjacency matrix) has no rows or blocks to slice: shadowed whole
+        strided = not big or all(x.layout == torch.strided for x in leaves(args) if isinstance(x, torch.Tensor))
+        if big and strided and (out_index == 0 or name == "convolution_backward"):
             fast = self._sampled(func, name, args, kwargs, out, home, out_index)
             if fast is not None:
                 return fast
         if big and out.numel() > HUGE_FACTOR * self.max_elements:
-            raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow; "
-                                  "compared against the reference run only")
+            raise UnshadowedError(f"output of {out.numel()} elements has no sampled shadow"
+                                  f"{'' if strided else ' (a sparse operand)'}; compared against the reference run only")
         sibling = self._sibling(func, args, kwargs, home, out_index, out)
         if sibling is not None:
             return sibling
@@ -392,7 +394,7 @@ class Shadow(SampledPlans):
         a = _template(args, inputs, sig, home)
         k = _template(kwargs, inputs, sig, home)
         key = None
-        if batch and inputs:
+        if batch and inputs and all(x.layout == torch.strided for x in inputs):  # sparse ones: no stacking
             try:
                 key = tuple(sig)
                 hash(key)

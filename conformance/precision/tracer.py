@@ -282,6 +282,9 @@ class StepTracer(TorchDispatchMode):
         self.records: List[OpRecord] = []
         #: op outputs on tensor subclasses (DTensor ...) run but not recorded, by op (:meth:`_on_subclass`)
         self.subclass_ops: Dict[str, int] = collections.Counter()
+        #: floating op and module outputs of a sparse layout (COO, CSR ...) run but not recorded, by op: their values
+        #: are no strided block to sample or shadow
+        self.sparse_ops: Dict[str, int] = collections.Counter()
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
         self._stack: List[str] = []
         #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
@@ -451,7 +454,10 @@ class StepTracer(TorchDispatchMode):
                         if is_dispatch_subclass(type(t)):
                             self.subclass_ops["<module>"] += 1
                         elif t.is_floating_point() and t.numel() > 0:
-                            self._observe("forward", path, "<module>", t, i, kind="module")
+                            if t.layout != torch.strided:
+                                self.sparse_ops["<module>"] += 1
+                            else:
+                                self._observe("forward", path, "<module>", t, i, kind="module")
                 finally:
                     self._internal = False
         return hook
@@ -600,8 +606,11 @@ class StepTracer(TorchDispatchMode):
                     self.subclass_ops[name] += 1
                 elif isinstance(o, torch.Tensor) and o.numel() > 0 and (
                         o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
-                    self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
-                                  inputs=inputs)
+                    if o.layout != torch.strided:
+                        self.sparse_ops[name] += 1
+                    else:
+                        self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
+                                      inputs=inputs)
         return out
 
     def _observe(self, phase, module, op, t, out_index, *, kind="op", func=None, args=(),
