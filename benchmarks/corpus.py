@@ -60,6 +60,22 @@ def _nanogpt_data(work: Path) -> None:
         pickle.dump({"vocab_size": 64}, f)
 
 
+def _cora_data(work: Path, nodes: int = 1800, features: int = 100, edges: int = 3600) -> None:
+    """gat's ``./cora`` (it downloads Cora only where the folder lacks it): ``cora.content`` (paper id, binary word
+    features, class) and ``cora.cites`` (id pairs), random, with more nodes than its 1600 held out of training."""
+    rng = np.random.default_rng(0)
+    d = work / "cora"
+    d.mkdir(parents=True, exist_ok=True)
+    ids = rng.permutation(100000)[:nodes] + 1
+    with open(d / "cora.content", "w") as f:
+        for i in ids:
+            words = "\t".join(map(str, (rng.random(features) < 0.05).astype(int)))
+            f.write(f"{i}\t{words}\tclass{rng.integers(7)}\n")
+    with open(d / "cora.cites", "w") as f:
+        for a, b in (rng.choice(ids, 2, replace=False) for _ in range(edges)):
+            f.write(f"{a}\t{b}\n")
+
+
 def _chargpt_data(work: Path) -> None:
     (work / "input.txt").write_text("O God, O God! the quick brown fox jumps over the lazy dog.\n" * 200)
 
@@ -167,6 +183,9 @@ PROGRAMS = [
     ("examples mnist_forward_forward", "examples", "mnist_forward_forward", "main.py",
      ["--epochs", "3", "--train_size", "256", "--test_size", "64", "--log-interval", "1"],
      functools.partial(_mnist_data, root="data"), 3, {}),
+    # graph attention on a dense adjacency, the Cora-format data generated (gcn, beside it, downloads Cora every run)
+    ("examples gat (generated Cora)", "examples", "gat", "main.py",
+     ["--epochs", "4", "--hidden-dim", "16", "--num-heads", "2", "--val-every", "100"], _cora_data, 2, {}),
     ("llm.c train_gpt2.py (d12 random init)", "llm.c", ".", "train_gpt2.py",
      ["--model", "d12", "--write_tensors", "0", "--num_iterations", "3", "--batch_size", "1",
       "--sequence_length", "32", "--device", "cuda"], _llmc_data, 2, {}),
@@ -197,6 +216,7 @@ SECTION_ARGS = {
     "examples mnist": ["--epochs", "1", "--batch-size", "16"],
     "examples vae": ["--epochs", "1", "--batch-size", "16"],
     "examples siamese_network": ["--epochs", "1", "--batch-size", "16", "--test-batch-size", "16"],
+    "examples gat (generated Cora)": ["--epochs", "12", "--hidden-dim", "16", "--num-heads", "2", "--val-every", "100"],
     "examples mnist_rnn (LSTM)": ["--epochs", "1", "--accel", "--batch-size", "16", "--test-batch-size", "16"],
     # one optimizer step per layer and epoch (two layers): 8 epochs are 16 steps
     "examples mnist_forward_forward": ["--epochs", "8", "--train_size", "256", "--test_size", "64",
