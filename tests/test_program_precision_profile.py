@@ -248,6 +248,28 @@ def test_a_graph_network_on_a_sparse_adjacency_gets_both_sections(tmp_path):
     assert all(m["status"] == "ok" and m["total"] for m in rows.values())
 
 
+def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weights_on_both_parts(tmp_path):
+    """A Fourier neural operator: ``rfft``, complex weights, ``irfft``. The float64 side keeps complex values in
+    complex128: the reference's ``torch.zeros(dtype=torch.cfloat)`` buffer, its complex draws, and the shadows'
+    complex inputs (``irfft``'s shadow ran on the complex64 input, in float32: a local error of exactly 0). The complex
+    weights' gradient and parameter are compared as their real and imaginary parts at complex64's float32 tolerance
+    (before: the real part only, cast to float64, at float64's tolerance). The complex outputs themselves are counted
+    and named, not silently skipped."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "spectral_conv_train.py"), "--device", "mlu", "--precision",
+                    "--steps", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["verdict"] == "pass" and p["target"]["status"]["status"] == "ok", p.get("not_compared")
+    irfft = [m for m in p["metrics"] if m["op"] == "_fft_c2r" and m["phase"] == "forward"]
+    assert len(irfft) == 1 and irfft[0]["local"]["max_abs"] > 0 and irfft[0]["status"] == "ok", irfft
+    grads = {(m["kind"], m["module"]): m for m in p["metrics"] if m["op"] == "weights"}
+    for kind in ("gradient", "parameter"):
+        m = grads[(kind, "FNO.spec")]
+        assert m["dtype"] == "float32" and m["shape"] == [2 * 16 * 16 * 8] and m["status"] == "ok", m
+    complex_line = [why for why in p["not_compared"] if "complex op output" in why]
+    assert complex_line and "_fft_r2c" in complex_line[0], p["not_compared"]
+
+
 def test_a_target_run_that_fails_after_the_window_says_so(tmp_path):
     """The program raises after its second optimizer step, past the compared window: the window is compared, and the
     section says first that the target run ended early, and how (it said nothing)."""
@@ -739,7 +761,10 @@ def test_a_complex_rotary_buffer_keeps_its_imaginary_part_in_the_float64_referen
     assert p["verdict"] == "pass", p["summary"]["verdict_reasons"]
     attention = [m for m in p["metrics"] if m["op"] == "scaled_dot_product_attention" and m["phase"] == "forward"]
     assert attention and all(m["status"] == "ok" and m["total"] is not None for m in attention), attention
-    assert len(p["drift"]["losses_reference"]) == 3 and p["not_compared"] == [], p["not_compared"]
+    assert len(p["drift"]["losses_reference"]) == 3, p["drift"]
+    # the rotation's complex products: counted and named, their real views compared through the ops that follow
+    assert len(p["not_compared"]) == 1 and "complex op output(s) ran unrecorded" in p["not_compared"][0] \
+        and "by op: mul 4" in p["not_compared"][0], p["not_compared"]
 
 
 def test_module_to_widens_complex_buffers_to_complex128_and_keeps_their_values():
@@ -754,6 +779,20 @@ def test_module_to_widens_complex_buffers_to_complex128_and_keeps_their_values()
     assert m.table.dtype == torch.complex128 and torch.equal(m.table, table.to(torch.complex128))
     module_to(m, dtype=torch.float16)
     assert m.weight.dtype == torch.float16 and m.table.dtype == torch.complex128
+
+
+def test_the_float64_run_widens_complex_tensors_and_dtypes_to_complex128():
+    """The reference's argument widening: a complex dtype argument (``torch.zeros(..., dtype=torch.cfloat)``, an FNO's
+    spectral buffer) and a complex tensor become complex128, as floating ones become float64; before, the buffer
+    stayed complex64 and the float64 run's spectral path ran at float32's precision."""
+    from conformance.precision.script import _upcast
+    from conformance.precision.tracer import _widen
+    assert _widen(torch.cfloat) is torch.complex128 and _widen(torch.float16) is torch.float64
+    assert _widen(torch.int64) is torch.int64 and _widen(torch.complex128) is torch.complex128
+    z = torch.polar(torch.ones(3), torch.tensor([0.1, 1.0, 2.0]))
+    assert _upcast(z).dtype == torch.complex128 and torch.equal(_upcast(z), z.to(torch.complex128))
+    assert _upcast(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float64
+    assert _upcast(torch.arange(2)).dtype == torch.int64
 
 
 def test_parameters_outside_every_module_are_compared_and_named(tmp_path):

@@ -124,8 +124,12 @@ def _draws_random(func, args: tuple = (), kwargs: Optional[dict] = None) -> bool
 
 
 def _upcast(x):
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
-        return x.to(torch.float64)
+    """A floating tensor as float64, a complex one as complex128, a dtype argument :func:`_widen`-ed."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.dtype != torch.float64:
+            return x.to(torch.float64)
+        if x.is_complex() and x.dtype != torch.complex128:
+            return x.to(torch.complex128)
     return _widen(x)
 
 
@@ -199,7 +203,7 @@ class CpuRandomMode(TorchDispatchMode):
         def home(t):
             if not isinstance(t, torch.Tensor):
                 return t
-            if widen and t.is_floating_point():
+            if widen and (t.is_floating_point() or t.is_complex()):  # complex draws are made in complex128
                 t = t.to(want)
             return host_to(t, devs[0]) if devs else t
         return tree_map(home, out)
@@ -869,6 +873,8 @@ class ProgramPrecision:
                                 "compared densified: not compared")
         named = [(name, t if t.layout == torch.strided else t.to_dense()) for name, t in named
                  if t.layout == torch.strided or t.numel() <= SPARSE_DENSE_MAX]
+        # a complex tensor (an FNO's spectral weights) as its real and imaginary parts: float32 pairs of a complex64
+        named = [(name, torch.view_as_real(t) if t.is_complex() else t) for name, t in named]
         for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
             out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
         return out
@@ -1077,6 +1083,12 @@ class ProgramPrecision:
                                 "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
                                 "the plain ops they run; these subclasses' values are not plain memory to shadow or "
                                 f"sample); by op: {by_op}{' ...' if len(subclass) > 6 else ''}")
+        cplx = tr.complex_ops if tr is not None else {}
+        if cplx:
+            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(cplx).most_common(6))
+            not_compared.append(f"{sum(cplx.values())} complex op output(s) ran unrecorded (the real outputs computed "
+                                f"from them are compared, with float64 shadows on complex128 inputs); by op: {by_op}"
+                                f"{' ...' if len(cplx) > 6 else ''}")
         sparse = tr.sparse_ops if tr is not None else {}
         if sparse:
             by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(sparse).most_common(6))

@@ -56,6 +56,13 @@ from .recurrent import lstm_layer_backward_call, lstm_layer_call
 from .sampled import SampledPlans, is_pointwise
 
 _F64 = torch.float64
+_C128 = torch.complex128
+
+
+def _wide(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype ``x`` takes in a float64 shadow: float64 for a floating tensor, complex128 for a complex one (an FFT's
+    output, read by ``irfft``: kept complex64, its shadow had float32's precision), None (its own) for the rest."""
+    return _F64 if x.is_floating_point() else _C128 if x.is_complex() else None
 _CPU = torch.device("cpu")
 #: ``device``: run float64 shadows on the op's device where its backend computes float64 natively;
 #: ``cpu`` (the default, also when unset): on the CPU
@@ -153,8 +160,8 @@ def _template(o: Any, inputs: List[torch.Tensor], sig: List[Any], home: torch.de
     if isinstance(o, dict):
         sig.append(tuple(o))
         return {k: _template(v, inputs, sig, home) for k, v in o.items()}
-    if isinstance(o, torch.dtype) and o.is_floating_point:
-        o = _F64
+    if isinstance(o, torch.dtype) and (o.is_floating_point or o.is_complex):
+        o = _F64 if o.is_floating_point else _C128
     elif isinstance(o, torch.device):
         o = home
     sig.append(o)
@@ -452,7 +459,7 @@ class Shadow(SampledPlans):
         if res is not None:
             self.shared_jobs += 1
         else:
-            xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home) for x in job.inputs]
+            xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home, _wide(x)) for x in job.inputs]
             try:
                 res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
             except Exception as exc:
@@ -476,7 +483,7 @@ class Shadow(SampledPlans):
             return None
         try:
             stacked = [torch.stack([j.inputs[k] for j in jobs]) for k in range(len(j0.inputs))]
-            stacked = [to_home(x, j0.home, _F64 if x.is_floating_point() else None) for x in stacked]
+            stacked = [to_home(x, j0.home, _wide(x)) for x in stacked]
             if direct is not None:
                 res = direct(stacked)
                 if isinstance(res, (tuple, list)):  # a point-wise op with several outputs (frexp)

@@ -226,8 +226,12 @@ def module_to(module: torch.nn.Module, device=None, dtype: Optional[torch.dtype]
 
 
 def _widen(x):
-    if isinstance(x, torch.dtype) and x.is_floating_point:
-        return torch.float64
+    """A floating dtype argument as float64, a complex one as complex128 (the float64 run's); anything else as it is."""
+    if isinstance(x, torch.dtype):
+        if x.is_floating_point:
+            return torch.float64
+        if x.is_complex:
+            return torch.complex128
     return x
 
 
@@ -285,6 +289,8 @@ class StepTracer(TorchDispatchMode):
         #: floating op and module outputs of a sparse layout (COO, CSR ...) run but not recorded, by op: their values
         #: are no strided block to sample or shadow
         self.sparse_ops: Dict[str, int] = collections.Counter()
+        #: complex op outputs (an FFT's) run but not recorded, by op: the real outputs computed from them are
+        self.complex_ops: Dict[str, int] = collections.Counter()
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
         self._stack: List[str] = []
         #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
@@ -611,6 +617,8 @@ class StepTracer(TorchDispatchMode):
                     else:
                         self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
                                       inputs=inputs)
+                elif isinstance(o, torch.Tensor) and o.is_complex() and o.numel() > 0:
+                    self.complex_ops[name] += 1
         return out
 
     def _observe(self, phase, module, op, t, out_index, *, kind="op", func=None, args=(),
