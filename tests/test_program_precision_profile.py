@@ -270,6 +270,22 @@ def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weight
     assert complex_line and "_fft_r2c" in complex_line[0], p["not_compared"]
 
 
+def test_per_sample_gradients_under_torch_func_are_compared_op_by_op(tmp_path):
+    """``vmap(grad(loss))`` of a ``functional_call`` (per-sample gradients): the input checksum of a module called
+    inside the transform reads the batch under torch.func's wrappers (``float(t.sum())`` on the wrapped tensor raised,
+    "vmap: ... calling .item()", and the target run ended: the section was an error). The float64 run cannot widen
+    parameters first used inside the transform; it ends there, and the report says why."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "per_sample_grads.py"), "--device", "mlu", "--precision",
+                    "--steps", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    p = doc["precision"]
+    assert p["target"]["status"]["status"] == "ok", p["target"]["status"]
+    s = p["summary"]
+    assert s["ops"] > 20 and s["shadowed"] == s["ops"] and s["shadow_failed"] == 0, s
+    assert {"bmm", "tanh_backward"} <= {m["op"] for m in p["metrics"] if m["phase"] == "backward"}
+    assert "inside a torch.func transform (vmap, grad)" in p["not_compared"][0], p["not_compared"]
+
+
 def test_a_target_run_that_fails_after_the_window_says_so(tmp_path):
     """The program raises after its second optimizer step, past the compared window: the window is compared, and the
     section says first that the target run ended early, and how (it said nothing)."""

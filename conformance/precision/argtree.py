@@ -88,11 +88,26 @@ def local_tensor(t: Any) -> Any:
     return t._local_tensor if isinstance(t, torch.Tensor) and is_sharded_class(type(t)) else t
 
 
+_functorch = getattr(torch._C, "_functorch", None)
+_IS_WRAPPED = getattr(_functorch, "is_functorch_wrapped_tensor", None)
+
+
+def unwrapped(t: Any) -> Any:
+    """The plain tensor under ``t``'s torch.func wrappers (a ``vmap`` batch, a ``grad`` level: what a module called
+    inside ``vmap(grad(...))``, as per-sample gradients are taken, gets), else ``t`` itself. The batch's values,
+    whole: reading a wrapped tensor's values (``float(t.sum())``) raises under ``vmap``."""
+    if _IS_WRAPPED is None or not isinstance(t, torch.Tensor):
+        return t
+    while _IS_WRAPPED(t):
+        t = _functorch.get_unwrapped(t)
+    return t
+
+
 def plain_values(t: torch.Tensor) -> torch.Tensor:
     """The plain tensor holding ``t``'s values on this rank where ``t`` is a wrapper whose ops compute on one: a
-    DTensor's local shard, an AsyncCollectiveTensor's result (waited for here, as the first op reading it would);
-    else ``t`` itself."""
-    t = local_tensor(t)
+    DTensor's local shard, an AsyncCollectiveTensor's result (waited for here, as the first op reading it would), the
+    batch under torch.func's wrappers (:func:`unwrapped`); else ``t`` itself."""
+    t = local_tensor(unwrapped(t))
     return t.trigger_wait() if is_pending_collective_class(type(t)) else t
 
 

@@ -60,7 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from hal.conformance.runtime.sections import take_back
 
-from .argtree import local_tensor, map_leaves, named_arguments, strided_parts
+from .argtree import local_tensor, map_leaves, named_arguments, plain_values, strided_parts
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, float64_home
 from .tracer import _SKIP, StepTracer, _op_info, _widen, module_to
@@ -367,12 +367,18 @@ _UNMATCHED_WHY = {"_to_copy": " (casts, autocast's or the program's: the float64
                   "mkldnn_rnn_layer": _ONEDNN_RNN, "mkldnn_rnn_layer_backward": _ONEDNN_RNN}
 
 
+def _transform_level() -> Optional[int]:
+    """The torch.func transform level the caller runs at (``vmap``, ``grad`` ...), None outside every transform."""
+    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
+    return level() if level is not None else None
+
+
 def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
     """Order-sensitive checksum of tensors: [count, sum, weighted sum] in float64 (a sparse tensor's indices and
     values: :func:`argtree.strided_parts`)."""
     s = w = 0.0
     for i, t in enumerate(ts):
-        for part in strided_parts(local_tensor(t).detach()):  # a DTensor: this rank's shard
+        for part in strided_parts(plain_values(t).detach()):  # a DTensor: this rank's shard; under vmap: the batch
             v = part.reshape(-1)
             if v.numel() == 0:
                 continue
@@ -807,8 +813,19 @@ class ProgramPrecision:
             self.primed_steps += 1
 
     def _convert(self, module: torch.nn.Module) -> None:
+        """Widen ``module``'s floating parameters and buffers to float64 (complex ones to complex128), at its first
+        forward in the float64 run. Raises RuntimeError, naming the cause, when that forward runs inside a torch.func
+        transform (``vmap(grad(...))`` of a ``functional_call``, as per-sample gradients are taken): there a
+        parameter's ``.data`` cannot be replaced, and the float64 run ends."""
         with self._internal():
-            module_to(module, dtype=torch.float64, complex_dtype=torch.complex128)
+            try:
+                module_to(module, dtype=torch.float64, complex_dtype=torch.complex128)
+            except RuntimeError as exc:
+                if _transform_level() is None:
+                    raise
+                raise RuntimeError(f"the float64 run converts a module's parameters at its first forward, and "
+                                   f"{type(module).__name__}'s first ran inside a torch.func transform (vmap, grad), "
+                                   f"where they cannot be replaced ({str(exc).splitlines()[0][:120]})") from exc
             self.converted.add(module)
 
     def _start_tracer(self, recording: bool) -> None:
