@@ -367,6 +367,12 @@ _UNMATCHED_WHY = {"_to_copy": " (casts, autocast's or the program's: the float64
                   "mkldnn_rnn_layer": _ONEDNN_RNN, "mkldnn_rnn_layer_backward": _ONEDNN_RNN}
 
 
+def _by_op(counts: Dict[str, int], most: int = 6) -> str:
+    """``"op n, op n ..."``: the ``most`` most frequent ops of ``counts``, and `` ...`` when there are more."""
+    shown = ", ".join(f"{op} {n}" for op, n in collections.Counter(counts).most_common(most))
+    return shown + (" ..." if len(counts) > most else "")
+
+
 def _transform_level() -> Optional[int]:
     """The torch.func transform level the caller runs at (``vmap``, ``grad`` ...), None outside every transform."""
     level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
@@ -886,8 +892,8 @@ class ProgramPrecision:
         out = {}
         named = [(name, local_tensor(t)) for name, t in named]  # a DTensor's: this rank's shard
         for name, t in [(n, t) for n, t in named if t.layout != torch.strided and t.numel() > SPARSE_DENSE_MAX]:
-            self.reasons.append(f"{name}: a sparse tensor of {t.numel()} elements, over the {SPARSE_DENSE_MAX} "
-                                "compared densified: not compared")
+            self.reasons.append(f"{name}: a sparse tensor of {t.numel()} elements, more than the {SPARSE_DENSE_MAX} "
+                                "sampled dense: not compared")
         named = [(name, t if t.layout == torch.strided else t.to_dense()) for name, t in named
                  if t.layout == torch.strided or t.numel() <= SPARSE_DENSE_MAX]
         # a complex tensor (an FNO's spectral weights) as its real and imaginary parts: float32 pairs of a complex64
@@ -1095,24 +1101,20 @@ class ProgramPrecision:
                 not_compared.append("the reference run stopped storing samples (op or size cap reached)")
         subclass = tr.subclass_ops if tr is not None else {}
         if subclass:
-            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(subclass).most_common(6))
             not_compared.append(f"{sum(subclass.values())} op output(s) on tensor subclasses with a dispatch of their "
                                 "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
                                 "the plain ops they run; these subclasses' values are not plain memory to shadow or "
-                                f"sample); by op: {by_op}{' ...' if len(subclass) > 6 else ''}")
+                                f"sample); by op: {_by_op(subclass)}")
         cplx = tr.complex_ops if tr is not None else {}
         if cplx:
-            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(cplx).most_common(6))
             not_compared.append(f"{sum(cplx.values())} complex op output(s) ran unrecorded (the real outputs computed "
-                                f"from them are compared, with float64 shadows on complex128 inputs); by op: {by_op}"
-                                f"{' ...' if len(cplx) > 6 else ''}")
+                                f"from them are compared, with float64 shadows on complex128 inputs); by op: "
+                                f"{_by_op(cplx)}")
         sparse = tr.sparse_ops if tr is not None else {}
         if sparse:
-            by_op = ", ".join(f"{op} {n}" for op, n in collections.Counter(sparse).most_common(6))
             not_compared.append(f"{sum(sparse.values())} floating output(s) of a sparse layout (COO, CSR ...) ran "
                                 "unrecorded (their values are no strided block to sample or shadow; the dense "
-                                f"outputs of ops on sparse operands are compared); by op: {by_op}"
-                                f"{' ...' if len(sparse) > 6 else ''}")
+                                f"outputs of ops on sparse operands are compared); by op: {_by_op(sparse)}")
         if self.truncated:
             not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
         if tr is None:

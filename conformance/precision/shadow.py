@@ -57,12 +57,6 @@ from .sampled import SampledPlans, is_pointwise
 
 _F64 = torch.float64
 _C128 = torch.complex128
-
-
-def _wide(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype ``x`` takes in a float64 shadow: float64 for a floating tensor, complex128 for a complex one (an FFT's
-    output, read by ``irfft``: kept complex64, its shadow had float32's precision), None (its own) for the rest."""
-    return _F64 if x.is_floating_point() else _C128 if x.is_complex() else None
 _CPU = torch.device("cpu")
 #: ``device``: run float64 shadows on the op's device where its backend computes float64 natively;
 #: ``cpu`` (the default, also when unset): on the CPU
@@ -91,6 +85,12 @@ def float64_home(device: torch.device) -> torch.device:
                 pass
         _HOMES[device] = home
     return home
+
+
+def _wide(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype ``x`` takes in a float64 shadow: float64 for a floating tensor, complex128 for a complex one (an FFT's
+    output, read by ``irfft``: kept complex64, its shadow had float32's precision), None (its own) for the rest."""
+    return _F64 if x.is_floating_point() else _C128 if x.is_complex() else None
 
 
 class UpcastCache:
