@@ -802,7 +802,7 @@ def test_the_float64_run_widens_complex_tensors_and_dtypes_to_complex128():
     spectral buffer) and a complex tensor become complex128, as floating ones become float64; before, the buffer
     stayed complex64 and the float64 run's spectral path ran at float32's precision."""
     from conformance.precision.script import _upcast
-    from conformance.precision.tracer import _widen
+    from conformance.precision.shadow import _widen
     assert _widen(torch.cfloat) is torch.complex128 and _widen(torch.float16) is torch.float64
     assert _widen(torch.int64) is torch.int64 and _widen(torch.complex128) is torch.complex128
     z = torch.polar(torch.ones(3), torch.tensor([0.1, 1.0, 2.0]))

@@ -62,8 +62,8 @@ from hal.conformance.runtime.sections import take_back
 
 from .argtree import local_tensor, map_leaves, named_arguments, plain_values, strided_parts
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
-from .shadow import Shadow, float64_home
-from .tracer import _SKIP, StepTracer, _op_info, _widen, module_to
+from .shadow import Shadow, _widen, float64_home
+from .tracer import _SKIP, StepTracer, _op_info, module_to
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
 SCRIPT_MAX_ELEMENTS = 4096
@@ -124,12 +124,11 @@ def _draws_random(func, args: tuple = (), kwargs: Optional[dict] = None) -> bool
 
 
 def _upcast(x):
-    """A floating tensor as float64, a complex one as complex128, a dtype argument :func:`_widen`-ed."""
+    """A floating tensor as float64, a complex one as complex128 (:func:`shadow._widen` of its dtype), a dtype
+    argument likewise; anything else as it is."""
     if isinstance(x, torch.Tensor):
-        if x.is_floating_point() and x.dtype != torch.float64:
-            return x.to(torch.float64)
-        if x.is_complex() and x.dtype != torch.complex128:
-            return x.to(torch.complex128)
+        wide = _widen(x.dtype)
+        return x if wide == x.dtype else x.to(wide)
     return _widen(x)
 
 
@@ -889,15 +888,18 @@ class ProgramPrecision:
         either way; the dtype selects the target's tolerance). A sparse tensor (an ``nn.Embedding(sparse=True)``'s
         gradient) is sampled dense, up to :data:`SPARSE_DENSE_MAX` elements; a larger one is left out, with a
         reason."""
-        out = {}
-        named = [(name, local_tensor(t)) for name, t in named]  # a DTensor's: this rank's shard
-        for name, t in [(n, t) for n, t in named if t.layout != torch.strided and t.numel() > SPARSE_DENSE_MAX]:
-            self.reasons.append(f"{name}: a sparse tensor of {t.numel()} elements, more than the {SPARSE_DENSE_MAX} "
-                                "sampled dense: not compared")
-        named = [(name, t if t.layout == torch.strided else t.to_dense()) for name, t in named
-                 if t.layout == torch.strided or t.numel() <= SPARSE_DENSE_MAX]
-        # a complex tensor (an FNO's spectral weights) as its real and imaginary parts: float32 pairs of a complex64
-        named = [(name, torch.view_as_real(t) if t.is_complex() else t) for name, t in named]
+        out, kept = {}, []
+        for name, t in named:
+            t = local_tensor(t)  # a DTensor's: this rank's shard
+            if t.layout != torch.strided:
+                if t.numel() > SPARSE_DENSE_MAX:
+                    self.reasons.append(f"{name}: a sparse tensor of {t.numel()} elements, more than the "
+                                        f"{SPARSE_DENSE_MAX} sampled dense: not compared")
+                    continue
+                t = t.to_dense()
+            # a complex tensor (an FNO's spectral weights) as its real and imaginary parts: float32 pairs of a complex64
+            kept.append((name, torch.view_as_real(t) if t.is_complex() else t))
+        named = kept
         for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
             out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
         return out

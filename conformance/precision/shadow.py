@@ -87,10 +87,16 @@ def float64_home(device: torch.device) -> torch.device:
     return home
 
 
-def _wide(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype ``x`` takes in a float64 shadow: float64 for a floating tensor, complex128 for a complex one (an FFT's
-    output, read by ``irfft``: kept complex64, its shadow had float32's precision), None (its own) for the rest."""
-    return _F64 if x.is_floating_point() else _C128 if x.is_complex() else None
+def _widen(x):
+    """A floating dtype as float64, a complex one as complex128 (the float64 side's: a complex input kept complex64,
+    as an FFT's output read by ``irfft``, gave its shadow float32's precision); anything else as it is. Shared by the
+    shadows and the float64 reference run (:mod:`.tracer`, :mod:`.script`)."""
+    if isinstance(x, torch.dtype):
+        if x.is_floating_point:
+            return _F64
+        if x.is_complex:
+            return _C128
+    return x
 
 
 class UpcastCache:
@@ -160,8 +166,8 @@ def _template(o: Any, inputs: List[torch.Tensor], sig: List[Any], home: torch.de
     if isinstance(o, dict):
         sig.append(tuple(o))
         return {k: _template(v, inputs, sig, home) for k, v in o.items()}
-    if isinstance(o, torch.dtype) and (o.is_floating_point or o.is_complex):
-        o = _F64 if o.is_floating_point else _C128
+    if isinstance(o, torch.dtype):
+        o = _widen(o)
     elif isinstance(o, torch.device):
         o = home
     sig.append(o)
@@ -459,7 +465,7 @@ class Shadow(SampledPlans):
         if res is not None:
             self.shared_jobs += 1
         else:
-            xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home, _wide(x)) for x in job.inputs]
+            xs = [self.cache.get(x) if x.is_floating_point() else to_home(x, job.home, _widen(x.dtype)) for x in job.inputs]
             try:
                 res = job.fn(*_fill(job.args, xs), **_fill(job.kwargs, xs))
             except Exception as exc:
@@ -483,7 +489,7 @@ class Shadow(SampledPlans):
             return None
         try:
             stacked = [torch.stack([j.inputs[k] for j in jobs]) for k in range(len(j0.inputs))]
-            stacked = [to_home(x, j0.home, _wide(x)) for x in stacked]
+            stacked = [to_home(x, j0.home, _widen(x.dtype)) for x in stacked]
             if direct is not None:
                 res = direct(stacked)
                 if isinstance(res, (tuple, list)):  # a point-wise op with several outputs (frexp)

@@ -37,7 +37,7 @@ from . import thresholds as th
 from .argtree import (is_dispatch_subclass, is_fake_class, is_pending_collective_class, is_sharded_class, leaves,
                       map_leaves, plain_values)
 from .metrics import DEFAULT_MAX_ELEMENTS, StatsRequest, error_stats_many, sampled_values, take_sample
-from .shadow import Shadow, ShadowJob, error_line, float64_home
+from .shadow import Shadow, ShadowJob, _widen, error_line, float64_home
 
 _SKIP = {
     "detach", "copy_", "_to_copy_", "empty", "empty_like", "empty_strided", "new_empty",
@@ -223,16 +223,6 @@ def module_to(module: torch.nn.Module, device=None, dtype: Optional[torch.dtype]
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, dtype if t.is_floating_point() else complex_dtype if t.is_complex() else None)
     return module._apply(convert)
-
-
-def _widen(x):
-    """A floating dtype argument as float64, a complex one as complex128 (the float64 run's); anything else as it is."""
-    if isinstance(x, torch.dtype):
-        if x.is_floating_point:
-            return torch.float64
-        if x.is_complex:
-            return torch.complex128
-    return x
 
 
 class Widen64Mode(TorchDispatchMode):
