@@ -9,8 +9,8 @@
 # trace.json, stdout.txt, exit_code.txt, env.json, gpus.csv; unpack it under reports/h200/),
 # $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
 # $OUT/bench_precision_cuda_{tiny,gpt2small}.json, $OUT/bench_profiler_configs_cuda.json and
-# $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first.
-# H200_STEPS=tests,audit,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit
+# $OUT/h200_program_sections.log, $OUT/audit-cuda-fixtures.tgz (one audit folder per fixture). Carried wheels in .whl/ are installed first.
+# H200_STEPS=tests,audit,fixtures,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit
 # status is the
 # number of failed steps.
 set -u
@@ -50,6 +50,19 @@ print("profile verified:", f.get("verified"), "activities:", f.get("activities")
       "profiled:", (f.get("profiled_step_ms") or {}).get("median"), "ratio:", f.get("overhead_ratio"))
 print("top ops (device ms):", [(o["op"], o["device_ms"]) for o in (f.get("ops") or [])[:5]])
 PY
+fi
+
+# the program patterns met in the corpus, audited on the GPU: sparse adjacency (gcn/gat), complex spectra (FNO),
+# torch.func per-sample gradients; each audit folder goes into one archive
+if want fixtures; then
+  step "hal-audit --precision --profile on the sparse, complex and torch.func fixtures"
+  for f in sparse_graph_train spectral_conv_train per_sample_grads; do
+    F=$OUT/audit-cuda-fixtures/$f; mkdir -p "$F"
+    timeout 200 $PY -m hal.cli.audit tests/fixtures/precision/$f.py --device cuda --precision --profile --steps 2 \
+      --timeout 150 --out "$F" --format text > "$F/stdout.txt" 2>&1
+    echo $? > "$F/exit_code.txt"; echo "$f: exit $(cat "$F/exit_code.txt")"; tail -4 "$F/stdout.txt"
+  done
+  tar czf "$OUT/audit-cuda-fixtures.tgz" -C "$OUT" audit-cuda-fixtures && rm -rf "$OUT/audit-cuda-fixtures"
 fi
 
 if want bench; then
