@@ -7,12 +7,12 @@
 # Usage, from the project root on the H200 host:  OUT=/some/dir bash benchmarks/h200_program_sections.sh
 # Writes $OUT/audit-cuda-autocast-script.tgz (the audit folder: audit.json, audit.md, audit.html, audit.sarif,
 # trace.json, stdout.txt, exit_code.txt, env.json, gpus.csv; unpack it under reports/h200/),
+# $OUT/audit-cuda-fixtures.tgz (one audit folder per fixture), $OUT/precision-cuda-cnn.{json,md},
 # $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
 # $OUT/bench_precision_cuda_{tiny,gpt2small}.json, $OUT/bench_profiler_configs_cuda.json and
-# $OUT/h200_program_sections.log, $OUT/audit-cuda-fixtures.tgz (one audit folder per fixture). Carried wheels in .whl/ are installed first.
-# H200_STEPS=tests,audit,fixtures,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps (default: all). The exit
-# status is the
-# number of failed steps.
+# $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first.
+# H200_STEPS=tests,audit,fixtures,precision-cnn,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps
+# (default: all). The exit status is the number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
 D=$OUT/audit-cuda-autocast-script  # the device tool returns folders only a few levels deep
@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 if want tests; then
   step "precision tests on CUDA (float64 shadows and batched statistics on the device; the CUDA smoke audits)"
   run 150 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly \
-      tests/test_precision_batched.py tests/test_cuda_smoke.py tests/test_profile_attribution.py
+      tests/test_precision_batched.py tests/test_cuda_smoke.py tests/test_profile_attribution.py tests/test_tf32.py
 fi
 
 if want audit; then
@@ -63,6 +63,13 @@ if want fixtures; then
     echo $? > "$F/exit_code.txt"; echo "$f: exit $(cat "$F/exit_code.txt")"; tail -4 "$F/stdout.txt"
   done
   tar czf "$OUT/audit-cuda-fixtures.tgz" -C "$OUT" audit-cuda-fixtures && rm -rf "$OUT/audit-cuda-fixtures"
+fi
+
+# the cnn model against float64 (its float32 convolutions run in TF32 on this GPU, PyTorch's default)
+if want precision-cnn; then
+  step "precision: the cnn model on cuda against float64"
+  run 150 $PY -m hal.conformance.precision --model cnn --device cuda --steps 3 --calibrate-with cpu --checkpoint-to cpu \
+      --out "$OUT/precision-cuda-cnn.json"
 fi
 
 if want bench; then

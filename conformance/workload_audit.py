@@ -459,7 +459,7 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         drift = drift_stats(lt[:n], lr[:n])
         if pr.get("loss_steps"):  # the optimizer step of each loss, for where a drift starts (compare._verdict)
             drift["loss_steps"], drift["compared_step"] = [k + 1 for k in pr["loss_steps"][:n]], warm + 1
-        compute = getattr(torch, pr.get("compute_dtype") or "float32", torch.float32)
+        compute = th.format_named(pr.get("compute_dtype")) or torch.float32
         # the compared step's loss (its first: the window's), not the run's first when steps were let pass before it
         k = next((i for i, s in enumerate((pr.get("loss_steps") or [])[:n]) if s == warm), 0)
         rows = rows + _tensor_rows("loss", [("loss", _t(lt[k], torch.float32), _t(lr[k], torch.float64))],
@@ -471,7 +471,8 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
         not_compared.append("loss curve: not compared (the reference run is not comparable, see above)")
     for r in rows:  # rows from the child are JSON already; the loss row is ours
         r.setdefault("inputs", [])
-    compute_dtype = th.loosest([getattr(torch, r["dtype"], None) for r in rows if r["kind"] == "op"])
+    compute_dtype = th.loosest([th.format_named((r.get("threshold") or {}).get("format") or r["dtype"])
+                                for r in rows if r["kind"] == "op"])
     out = {"rows": rows, "first_divergence": pr.get("first_divergence"), "drift": drift}
     verdict, reasons = _verdict(out, compute_dtype) if drift else _verdict_local(out)
     summary = _summary(rows, pr.get("cache"))
@@ -486,12 +487,12 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
                    "steps": steps, "compared_window": pr.get("window_closed_by"),
                    "dropout_calls_disabled": pr.get("dropout_calls_disabled"), "status": _run_line(tgt),
                    "timing": pr.get("timing"),
-                   "compute_dtype": str(compute_dtype).replace("torch.", ""),
+                   "compute_dtype": th.format_name(compute_dtype),
                    "losses": "the value handed to GradScaler.scale (unscaled)" if pr.get("scaled_losses")
                    else "the value handed to backward()"},
         "metrics": rows, "first_divergence": pr.get("first_divergence"), "drift": drift,
         "calibration": None, "verdict": verdict, "thresholds": thresholds,
-        "verified": bool(info.available), "summary": summary, "not_compared": not_compared,
+        "verified": bool(info.available), "summary": summary, "not_compared": not_compared, "tf32": pr.get("tf32"),
         "method": ("program target, no code change: the target run shadows every floating-point op in float64 on "
                    "its actual inputs (local error) and compares it with the float64 reference run's op of the same "
                    "(phase, module, op, occurrence) (total error)"),
@@ -551,6 +552,8 @@ def section_summary(report: dict) -> list[str]:
                 where += f" ({esc('; '.join(reasons))})"
             lines.append(f"precision: {esc(p.get('verdict'))}, {where}"
                          + ("" if p.get("verified") else " [measured on the CPU, not on the target]"))
+            if p.get("tf32"):
+                lines.append(f"  TF32: {esc(p['tf32'])[:300]}")
             if p.get("not_compared"):
                 lines.append(f"  not compared: {esc('; '.join(p['not_compared'])[:300])}")
     f = report.get("profile")
@@ -565,6 +568,8 @@ def section_summary(report: dict) -> list[str]:
             hot = ", ".join(esc(h) for h in (f.get("hotspots") or [])[:3])
             lines.append(f"profile: step {_ms(med)} ms, profiled {_ms(pmed)} ms, hot spots {hot or '-'}"
                          + ("" if f.get("verified") else " [measured on the CPU, not on the target]"))
+            for note in f.get("notes") or []:
+                lines.append(f"  note: {esc(note)[:300]}")
             if f.get("not_measured"):
                 lines.append(f"  not measured: {esc('; '.join(f['not_measured'])[:300])}")
     return lines

@@ -317,6 +317,8 @@ def _compare_sides(target: _Side, ref: _Side, batches: Callable[[int], Tuple[Any
                             shadow=shadow, max_elements=max_elements, sample=sample,
                             compute_dtype=compute_dtype)
     tgt_loss = _traced_step(target, tb, tgt_tracer)
+    if tgt_tracer.tf32_ops:  # gradients, parameters and the loss come from ops the device ran in TF32
+        compute_dtype = th.loosest([compute_dtype, th.TF32])
     status, fd = classify(tgt_tracer.records)
     rows = [_record_row(r, s) for r, s in zip(tgt_tracer.records, status)]
     tparams = dict(target.model.named_parameters())
@@ -336,8 +338,8 @@ def _compare_sides(target: _Side, ref: _Side, batches: Callable[[int], Tuple[Any
         tb, rb = batches(s)
         lt.append(_plain_step(target, tb))
         lr.append(_plain_step(ref, rb))
-    return {"rows": rows, "first_divergence": fd, "drift": drift_stats(lt, lr),
-            "records": tgt_tracer.records,
+    return {"rows": rows, "first_divergence": fd, "drift": drift_stats(lt, lr), "compute_dtype": compute_dtype,
+            "tf32": tgt_tracer.tf32_note(), "records": tgt_tracer.records,
             "cache": {"hits": tgt_tracer.shadow.cache.hits, "misses": tgt_tracer.shadow.cache.misses}
             if tgt_tracer.shadow else None}
 
@@ -408,7 +410,7 @@ def _run(build: Callable[[torch.device], Tuple[_Side, _Side, Callable]], device,
     target, ref, batches = build(dev)
     out = _compare_sides(target, ref, batches, steps, shadow=shadow, max_elements=max_elements,
                          sample=sample, compute_dtype=compute_dtype)
-    verdict, reasons = _verdict(out, compute_dtype)
+    verdict, reasons = _verdict(out, out["compute_dtype"])
     calibration, calib_reason = None, None
     if calibrate_with:
         calib_reason = device_available(calibrate_with)
@@ -426,6 +428,8 @@ def _run(build: Callable[[torch.device], Tuple[_Side, _Side, Callable]], device,
                                "beyond msprobe's ratio limits and over threshold")
     summary = _summary(out["rows"], out["cache"])
     summary["verdict_reasons"] = reasons
+    if out["tf32"]:
+        summary["tf32"] = out["tf32"]
     target_info = dict(target_info, device=str(dev), dtype=dtype_name(dtype),
                        autocast=dtype_name(autocast) if autocast is not None else None, steps=steps,
                        shadow=shadow, sample_max_elements=max_elements if sample else None)

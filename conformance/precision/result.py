@@ -77,6 +77,8 @@ class PrecisionResult:
                  f"{self.summary.get('modules', 0)} module outputs, "
                  f"{self.summary.get('gradients', 0)} gradients, "
                  f"{self.summary.get('parameters', 0)} parameters after the optimizer step"]
+        if self.summary.get("tf32"):
+            lines.append(f"- TF32: {self.summary['tf32']}")
         fd = self.first_divergence
         if fd:
             lines.append(f"- first divergence ({fd['kind']}): module `{fd['module']}`, op `{fd['op']}` "

@@ -63,7 +63,7 @@ from hal.conformance.runtime.sections import take_back
 from .argtree import local_tensor, map_leaves, named_arguments, plain_values, strided_parts
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, _widen, float64_home
-from .tracer import _SKIP, StepTracer, _op_info, module_to
+from .tracer import _SKIP, StepTracer, _op_info, by_op, module_to
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
 SCRIPT_MAX_ELEMENTS = 4096
@@ -364,12 +364,6 @@ _ONEDNN_RNN = (" (oneDNN's recurrent layer, what ATen runs for a float32 LSTM/GR
 _UNMATCHED_WHY = {"_to_copy": " (casts, autocast's or the program's: the float64 run, every floating tensor float64 "
                               "there, makes none)",
                   "mkldnn_rnn_layer": _ONEDNN_RNN, "mkldnn_rnn_layer_backward": _ONEDNN_RNN}
-
-
-def _by_op(counts: Dict[str, int], most: int = 6) -> str:
-    """``"op n, op n ..."``: the ``most`` most frequent ops of ``counts``, and `` ...`` when there are more."""
-    shown = ", ".join(f"{op} {n}" for op, n in collections.Counter(counts).most_common(most))
-    return shown + (" ..." if len(counts) > most else "")
 
 
 def _transform_level() -> Optional[int]:
@@ -1094,11 +1088,11 @@ class ProgramPrecision:
                                     "or a reference run that ended early)")
             missing = collections.Counter(r.op for r in records if r.total is None and r.kind == "op")
             if missing:
-                by_op = ", ".join(f"{op} {n}" + (_UNMATCHED_WHY.get(op, "")) for op, n in missing.most_common(5))
+                listed = ", ".join(f"{op} {n}" + (_UNMATCHED_WHY.get(op, "")) for op, n in missing.most_common(5))
                 more = len(missing) - 5
                 not_compared.append(f"{sum(missing.values())} op output(s) have no counterpart in the float64 "
                                     "reference run's op stream (keyed by phase, module, op, occurrence): local error "
-                                    f"only; by op: {by_op}" + (f" and {more} more op(s)" if more > 0 else ""))
+                                    f"only; by op: {listed}" + (f" and {more} more op(s)" if more > 0 else ""))
             if ref.get("truncated"):
                 not_compared.append("the reference run stopped storing samples (op or size cap reached)")
         subclass = tr.subclass_ops if tr is not None else {}
@@ -1106,17 +1100,17 @@ class ProgramPrecision:
             not_compared.append(f"{sum(subclass.values())} op output(s) on tensor subclasses with a dispatch of their "
                                 "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
                                 "the plain ops they run; these subclasses' values are not plain memory to shadow or "
-                                f"sample); by op: {_by_op(subclass)}")
+                                f"sample); by op: {by_op(subclass)}")
         cplx = tr.complex_ops if tr is not None else {}
         if cplx:
             not_compared.append(f"{sum(cplx.values())} complex op output(s) ran unrecorded (the real outputs computed "
                                 f"from them are compared, with float64 shadows on complex128 inputs); by op: "
-                                f"{_by_op(cplx)}")
+                                f"{by_op(cplx)}")
         sparse = tr.sparse_ops if tr is not None else {}
         if sparse:
             not_compared.append(f"{sum(sparse.values())} floating output(s) of a sparse layout (COO, CSR ...) ran "
                                 "unrecorded (their values are no strided block to sample or shadow; the dense "
-                                f"outputs of ops on sparse operands are compared); by op: {_by_op(sparse)}")
+                                f"outputs of ops on sparse operands are compared); by op: {by_op(sparse)}")
         if self.truncated:
             not_compared.append(f"the op stream was cut after {MAX_RECORDS} recorded op outputs")
         if tr is None:
@@ -1127,6 +1121,6 @@ class ProgramPrecision:
                     r[k] = {kk: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                             for kk, v in r[k].items()}
         return {"rows": rows, "first_divergence": fd, "not_compared": not_compared,
-                "compute_dtype": str(compute).replace("torch.", ""),
+                "compute_dtype": th.format_name(compute), "tf32": tr.tf32_note() if tr is not None else None,
                 "cache": {"hits": tr.shadow.cache.hits, "misses": tr.shadow.cache.misses}
                 if tr is not None and tr.shadow is not None else None}

@@ -21,6 +21,12 @@ Rule (documented in docs/precision.md):
   predictable share of elements; the two scale-free measures need the atol floor, or they judge noise). The
   tolerance dtype of a total comparison is the least precise dtype on the data path that
   produced it (inherited through the op graph), or the autocast dtype.
+* A float32 convolution or matmul the target device computed in TF32 (``hal.capabilities.tf32``: CUDA's cuDNN
+  convolutions by default from compute capability 8.0, matmuls when allowed) is judged in the format ``"tf32"``
+  (:data:`TF32`), which then takes a dtype's place on the data path: rtol 5e-3, PyTorch's own tolerance for TF32
+  convolutions and matmuls (``tf32_on_and_off(0.005)`` in its test suite). Not float16's 1e-3, though TF32 has
+  float16's mantissa: the kernel rounds its float32 *inputs* to TF32, inside the op, where the float64 shadow
+  computed on the op's actual (float32) inputs does not see it; a 16-bit op's inputs are 16-bit already.
 
 Everything here is pure data and pure functions (thread-safe).
 """
@@ -28,14 +34,20 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-#: torch.testing.assert_close defaults, (rtol, atol).
-DTYPE_TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
+#: TensorFloat-32, a compute format and no torch dtype: what a float32 convolution or matmul runs in where the device
+#: has TF32 switched on for it (see the module docstring). It stands in a dtype's place for the tolerance functions.
+TF32 = "tf32"
+Format = Union[torch.dtype, str]
+
+#: torch.testing.assert_close defaults, (rtol, atol); TF32's from PyTorch's TF32 tests.
+DTYPE_TOLERANCES: Dict[Format, Tuple[float, float]] = {
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-5),
+    TF32: (5e-3, 1e-5),
     torch.float32: (1.3e-6, 1e-5),
     torch.float64: (1e-7, 1e-7),
 }
@@ -69,12 +81,27 @@ def op_class(op_name: str) -> str:
     return "reduction" if op_name in REDUCTION_OPS else "elementwise"
 
 
-def base_tolerance(dtype: torch.dtype) -> Tuple[float, float]:
-    """(rtol, atol) for an output dtype; non-float dtypes compare exactly (0, 0)."""
+def base_tolerance(dtype: Format) -> Tuple[float, float]:
+    """(rtol, atol) for an output dtype (or :data:`TF32`); non-float dtypes compare exactly (0, 0)."""
     return DTYPE_TOLERANCES.get(dtype, (0.0, 0.0))
 
 
-def accumulation_eps(dtype: torch.dtype) -> float:
+def format_name(fmt: Format) -> str:
+    """``"float32"``, ``"tf32"``: a dtype's name without ``torch.``, or the format's."""
+    return str(fmt).replace("torch.", "")
+
+
+def format_named(name: Optional[str]) -> Optional[Format]:
+    """The dtype (or :data:`TF32`) :func:`format_name` wrote as ``name``; None for None or an unknown name."""
+    if name == TF32:
+        return TF32
+    dt = getattr(torch, name, None) if name else None
+    return dt if isinstance(dt, torch.dtype) else None
+
+
+def accumulation_eps(dtype: Format) -> float:
+    if dtype == TF32:  # products of TF32-rounded inputs, accumulated in float32
+        return torch.finfo(torch.float32).eps
     if not dtype.is_floating_point:
         return 0.0
     if dtype in (torch.float16, torch.bfloat16):
@@ -113,14 +140,18 @@ def reduction_length(op_name: str, args, out_shape, out_index: int = 0) -> int:
 
 
 @functools.lru_cache(maxsize=8192)
-def threshold_for(op_name: str, dtype: torch.dtype, k: int = 1) -> Dict[str, float]:
-    """The threshold row for one comparison: rtol, atol, rtol_eff, K, class, mismatch fraction.
-    Cached (the tracers ask once per op output): the dict is shared, read it, never change it."""
+def threshold_for(op_name: str, dtype: Format, k: int = 1) -> Dict[str, float]:
+    """The threshold row for one comparison: rtol, atol, rtol_eff, K, class, mismatch fraction (and ``"format":
+    "tf32"`` for :data:`TF32`). Cached (the tracers ask once per op output): the dict is shared, read it, never
+    change it."""
     rtol, atol = base_tolerance(dtype)
     cls = op_class(op_name)
     rtol_eff = rtol + (k * accumulation_eps(dtype) if cls == "reduction" else 0.0)
-    return {"rtol": rtol, "atol": atol, "rtol_eff": rtol_eff, "k": int(k), "class": cls,
-            "mismatch_fraction": MISMATCH_FRACTION}
+    row = {"rtol": rtol, "atol": atol, "rtol_eff": rtol_eff, "k": int(k), "class": cls,
+           "mismatch_fraction": MISMATCH_FRACTION}
+    if dtype == TF32:
+        row["format"] = TF32
+    return row
 
 
 def thresholds_summary() -> Dict[str, object]:
@@ -130,7 +161,11 @@ def thresholds_summary() -> Dict[str, object]:
                              for k, v in DTYPE_TOLERANCES.items()},
         "element_rule": "|out-ref| <= atol + rtol_eff*scale; scale=|ref| (element-wise ops, local), "
                         "max(|ref|, rms(ref)) (reductions, and every total/inherited comparison)",
-        "reduction_rule": "rtol_eff = rtol + K*eps_acc (eps_acc = float32 eps for 16-bit outputs)",
+        "reduction_rule": "rtol_eff = rtol + K*eps_acc (eps_acc = float32 eps for 16-bit outputs and TF32)",
+        "tf32_rule": "a float32 convolution or matmul the device ran in TF32 (its switch on: torch.backends.cudnn."
+                     "allow_tf32, on by default, torch.backends.cuda.matmul.allow_tf32) is judged at rtol 5e-3 "
+                     "(PyTorch's TF32 test tolerance): the kernel rounds its inputs to TF32 where the float64 shadow "
+                     "does not see it",
         "mismatch_fraction": MISMATCH_FRACTION,
         "local_rule": "element rule at the least precise operand dtype; exceeds if NaN/Inf mismatch "
                       "or mismatch fraction > 1e-3",
@@ -145,8 +180,8 @@ def thresholds_summary() -> Dict[str, object]:
     }
 
 
-def loosest(dtypes) -> torch.dtype:
-    """The floating dtype with the largest default rtol among ``dtypes`` (float64 if none)."""
+def loosest(dtypes) -> Format:
+    """The floating dtype (or :data:`TF32`) with the largest default rtol among ``dtypes`` (float64 if none)."""
     best, best_rtol = torch.float64, -1.0
     for d in dtypes:
         if d in DTYPE_TOLERANCES and DTYPE_TOLERANCES[d][0] > best_rtol:

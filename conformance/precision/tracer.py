@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from hal.capabilities.tf32 import tf32_switch
+
 from . import thresholds as th
 from .argtree import (is_dispatch_subclass, is_fake_class, is_pending_collective_class, is_sharded_class, leaves,
                       map_leaves, plain_values)
@@ -144,7 +146,7 @@ class OpRecord:
     sampling: str = "full"
     shadow_error: Optional[str] = None
     inputs: Tuple[int, ...] = ()
-    eff_dtype: torch.dtype = torch.float64
+    eff_dtype: th.Format = torch.float64
     total_threshold: Optional[Dict[str, float]] = None
 
     @property
@@ -248,6 +250,12 @@ class Widen64Mode(TorchDispatchMode):
         return func(*map_leaves(_widen, args), **map_leaves(_widen, kwargs or {}))
 
 
+def by_op(counts: Dict[str, int], most: int = 6) -> str:
+    """``"op n, op n ..."``: the ``most`` most frequent ops of ``counts``, and `` ...`` when there are more."""
+    shown = ", ".join(f"{op} {n}" for op, n in collections.Counter(counts).most_common(most))
+    return shown + (" ..." if len(counts) > most else "")
+
+
 class StepTracer(TorchDispatchMode):
     """Records one model's ops (see module docstring).
 
@@ -281,6 +289,10 @@ class StepTracer(TorchDispatchMode):
         self.sparse_ops: Dict[str, int] = collections.Counter()
         #: complex op outputs (an FFT's) run but not recorded, by op: the real outputs computed from them are
         self.complex_ops: Dict[str, int] = collections.Counter()
+        #: float32 op outputs the target device computed in TF32 (judged in :data:`thresholds.TF32`), by op, and the
+        #: switches that had it on, with their counts
+        self.tf32_ops: Dict[str, int] = collections.Counter()
+        self.tf32_switches: Dict[str, int] = collections.Counter()
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
         self._stack: List[str] = []
         #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
@@ -368,6 +380,17 @@ class StepTracer(TorchDispatchMode):
             self._pending.append((rec, "local", q))
             if early:
                 self._hold(q, "target")
+
+    def tf32_note(self) -> Optional[str]:
+        """The report's line on the op outputs judged in TF32 (:attr:`tf32_ops`), None when there were none."""
+        if not self.tf32_ops:
+            return None
+        switches = ", ".join(f"{s} = True" for s in self.tf32_switches)
+        rtol = th.base_tolerance(th.TF32)[0]
+        return (f"{sum(self.tf32_ops.values())} float32 op output(s) the device computed in TF32 ({switches}) are "
+                f"judged at TF32's tolerance (rtol {rtol:g}, float32's is {th.base_tolerance(torch.float32)[0]:g}), "
+                f"and so is what they feed; by op: {by_op(self.tf32_ops)}. Switch it off to have them judged as "
+                "float32")
 
     def finalize(self) -> None:
         """Compute the planned float64 shadows and judge every comparison queued since the last call,
@@ -626,15 +649,23 @@ class StepTracer(TorchDispatchMode):
         k = th.reduction_length(op, args, tuple(t.shape), out_index) if func is not None and op in th.REDUCTION_OPS \
             else 1
         in_dtypes = [a.dtype for a in inputs if a.is_floating_point()] if func is not None else []
-        # an op is judged at the precision of its least precise operand
-        thr = th.threshold_for(op, th.loosest([t.dtype] + in_dtypes), k)
+        # an op is judged at the precision of its least precise operand, or at TF32's where the device computed its
+        # float32 math in TF32
+        fmt = th.loosest([t.dtype] + in_dtypes)
+        if fmt == torch.float32 and func is not None:
+            switch = tf32_switch(t.device, op)
+            if switch is not None:
+                fmt = th.TF32
+                self.tf32_ops[op] += 1
+                self.tf32_switches[switch] += 1
+        thr = th.threshold_for(op, fmt, k)
         prods = []
         for tid in ([id(a) for a in inputs] if func is not None else (id(t),)):
             p = self._producer.get(tid)
             if p is not None and p[0]() is not None:
                 prods.append(p[1])
         # the loosest format on the data path bounds the total error (inherited tolerance)
-        eff = [t.dtype] + [self.records[p].eff_dtype for p in prods]
+        eff = [t.dtype, fmt] + [self.records[p].eff_dtype for p in prods]
         eff += in_dtypes
         if self.compute_dtype is not None:
             eff.append(self.compute_dtype)

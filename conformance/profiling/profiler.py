@@ -72,7 +72,8 @@ DEFINITIONS = {
     "memory": "estimate_bytes: the workload's analytic peak; peak_bytes: measured over one step "
               "(see peak_source); error_pct = (estimate - peak) / peak x 100",
     "step_ms": "plain (unprofiled) step time between backend events, synchronised, after warm-up",
-    "overhead_ratio": "median profiled step / median plain step",
+    "overhead_ratio": "median profiled step / median plain step (a program's: fastest over fastest when its plain "
+                      "steps were unsteady, see notes)",
 }
 
 

@@ -111,6 +111,9 @@ def _program_tally_cls():
     return _ProgramTally
 
 
+#: plain steps whose slowest took more than this many times the fastest are unsteady: a one-time cost, not noise
+UNSTEADY = 2.0
+
 class ProgramProfile:
     """The profile hook of one audit child (see the module docstring). ``spec`` keys:
     ``run_device``, ``profile_steps`` (P, default 2), ``out`` (folder for trace.json),
@@ -520,8 +523,18 @@ class ProgramProfile:
                   "estimate_detail": {"activations": est["activations"]}}
         plain_med = statistics.median(self.plain) if self.plain else None
         prof_med = statistics.median(self.profiled) if self.profiled else None
+        ratio = (prof_med / plain_med) if prof_med and plain_med else None
+        notes: List[str] = []
         if not self.plain:
             not_measured.append("plain step time (overhead ratio): no plain step completed")
+        elif ratio is not None and max(self.plain) > UNSTEADY * min(self.plain):
+            # a one-time cost in a timed step (the program's own warm-up outlasting its first step): the median of a
+            # few steps carries it, the fastest does not
+            ratio = min(self.profiled) / min(self.plain)
+            notes.append(f"the plain steps took {min(self.plain):.3g} to {max(self.plain):.3g} ms: the program was "
+                         "still warming up in its first timed steps (lazy initialisation, autotuning, recompilation); "
+                         "the overhead ratio divides the fastest profiled step by the fastest plain step, not the "
+                         "medians; more --steps give steadier medians")
         props = self.backend.device_properties(0)
         return {
             "device": props.name or self.backend.name, "backend": self.backend.name,
@@ -534,7 +547,7 @@ class ProgramProfile:
             "profiled_step_ms": {"median": prof_med, "all": self.profiled,
                                  "min": min(self.profiled) if self.profiled else None},
             "first_step_ms": self.first_ms,
-            "overhead_ratio": (prof_med / plain_med) if prof_med and plain_med else None,
+            "overhead_ratio": ratio, "notes": notes,
             "ops": rows, "hotspots": [r["op"] for r in rows[:10]],
             "copies": dict(analysis["copies"], profiler_memcpy_events=runtime["memcpy_events"],
                            profiler_memcpy=runtime["memcpy_names"]),

@@ -205,6 +205,7 @@ def _precision(value: Any, report: dict, worst: int = 15) -> list:
                             ("first divergence", _divergence(fd) if fd else "none: every op within its threshold"),
                             ("loss drift (max relative deviation)", drift.get("max_rel_dev")),
                             ("loss curves R^2", drift.get("r2")), ("note", value.get("note", "")),
+                            ("TF32", value.get("tf32") or ""),
                             ("not compared", "; ".join(map(str, value.get("not_compared") or [])))])]
     rows = []
     for m in value.get("metrics") or []:
@@ -245,6 +246,7 @@ def _profile(value: Any, report: dict, top: int = 12) -> list:
                             ("host-device copies", _scalar((value.get("copies") or {}).get("count"))),
                             ("sync points", _scalar((value.get("syncs") or {}).get("count"))),
                             ("trace", value.get("trace")), ("note", value.get("note", "")),
+                            ("notes", "; ".join(map(str, value.get("notes") or []))),
                             ("not measured", "; ".join(map(str, value.get("not_measured") or [])))])]
     try:
         from hal.conformance.profiling import hotspot_chart_svg

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from hal.capabilities.tf32 import tf32_family
+
 MLU_64BIT_NOTE = "{dt} is computed as {to} on MLU (torch_mlu casts 64-bit tensors to 32-bit silently)"
 _64BIT = {"float64": "float32", "complex128": "complex64"}
 PHASE_ORDER = ("forward", "backward", "optimizer", "inference")
@@ -153,15 +155,6 @@ def _query(query: Optional[Callable[..., Any]], missing: str, backend: str, op: 
             "via": list(getattr(st, "via", ()) or ()), "hints": list(getattr(st, "hints", ()) or ())}
 
 
-#: ATen ops whose float32 math a TF32 default covers, by the manifest's ``tf32_defaults`` key.
-TF32_OPS = {
-    "conv": ("aten::convolution", "aten::convolution_backward", "aten::_convolution", "aten::conv2d",
-             "aten::conv1d", "aten::conv3d", "aten::cudnn_convolution"),
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-               "aten::addbmm", "aten::_addmm_activation"),
-}
-
-
 def precision_notes(backend: str, op: str, dtypes: list[str], arch: Optional[int] = None) -> list[str]:
     """Predicted precision notes from ``backend``'s manifest (never a measurement): float32 ops that
     run in TF32 by default there (``tf32_defaults``: conv and/or matmul, only from architecture
@@ -173,19 +166,18 @@ def precision_notes(backend: str, op: str, dtypes: list[str], arch: Optional[int
         tf = load_manifest(backend).tf32_defaults
     except Exception:  # no manifest: nothing to predict from
         return []
+    key = tf32_family(op)
+    if key is None or not tf.get(key):
+        return []
     need = tf.get("arch_min_major")
-    out = []
-    for key, ops in TF32_OPS.items():
-        if op in ops and tf.get(key):
-            flag = (tf.get("flags") or {}).get(key, "")
-            gate = ""
-            if need is not None:
-                if arch is not None and arch < need:
-                    continue
-                gate = f" on architecture >= {need}" + ("" if arch is not None else " (architecture not given)")
-            out.append(f"float32 {key} runs in TF32 by default on {backend}{gate} ({flag}=True): precision "
-                       "like cuDNN's TF32 convolutions (predicted, not measured)")
-    return out
+    gate = ""
+    if need is not None:
+        if arch is not None and arch < need:
+            return []
+        gate = f" on architecture >= {need}" + ("" if arch is not None else " (architecture not given)")
+    flag = (tf.get("flags") or {}).get(key, "")
+    return [f"float32 {key} runs in TF32 by default on {backend}{gate} ({flag}=True): precision "
+            "like cuDNN's TF32 convolutions (predicted, not measured)"]
 
 
 def dtype_notes(backend: str, dtypes: list[str], existing: list[str], op: str = "",
