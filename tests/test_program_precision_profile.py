@@ -253,8 +253,9 @@ def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weight
     complex128: the reference's ``torch.zeros(dtype=torch.cfloat)`` buffer, its complex draws, and the shadows'
     complex inputs (``irfft``'s shadow ran on the complex64 input, in float32: a local error of exactly 0). The complex
     weights' gradient and parameter are compared as their real and imaginary parts at complex64's float32 tolerance
-    (before: the real part only, cast to float64, at float64's tolerance). The complex outputs themselves are counted
-    and named, not silently skipped."""
+    (before: the real part only, cast to float64, at float64's tolerance). The complex op outputs themselves (the
+    FFTs', the spectral product's) are compared as their real and imaginary parts too, locally against a complex128
+    shadow and in total against the reference's (before: counted and named, not compared)."""
     r, doc = _audit(tmp_path, str(FIX / "precision" / "spectral_conv_train.py"), "--device", "mlu", "--precision",
                     "--steps", "2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -266,8 +267,12 @@ def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weight
     for kind in ("gradient", "parameter"):
         m = grads[(kind, "FNO.spec")]
         assert m["dtype"] == "float32" and m["shape"] == [2 * 16 * 16 * 8] and m["status"] == "ok", m
-    complex_line = [why for why in p["not_compared"] if "complex op output" in why]
-    assert complex_line and "_fft_r2c" in complex_line[0], p["not_compared"]
+    spectral = {(m["phase"], m["op"]): m for m in p["metrics"] if m["dtype"] == "complex64"}
+    for key in (("forward", "_fft_r2c"), ("forward", "bmm"), ("backward", "_fft_c2c"), ("backward", "bmm")):
+        m = spectral[key]  # [..., 2]: real and imaginary parts; judged at float32's tolerance; both comparisons made
+        assert m["shape"][-1] == 2 and m["threshold"]["rtol"] == 1.3e-6 and m["status"] == "ok", m
+        assert m["local"]["n"] > 0 and m["total"]["n"] > 0 and m["local"]["max_abs"] > 0, m
+    assert not [why for why in p["not_compared"] if "complex" in why], p["not_compared"]
 
 
 def test_per_sample_gradients_under_torch_func_are_compared_op_by_op(tmp_path):
@@ -800,9 +805,11 @@ def test_a_complex_rotary_buffer_keeps_its_imaginary_part_in_the_float64_referen
     attention = [m for m in p["metrics"] if m["op"] == "scaled_dot_product_attention" and m["phase"] == "forward"]
     assert attention and all(m["status"] == "ok" and m["total"] is not None for m in attention), attention
     assert len(p["drift"]["losses_reference"]) == 3, p["drift"]
-    # the rotation's complex products: counted and named, their real views compared through the ops that follow
-    assert len(p["not_compared"]) == 1 and "complex op output(s) ran unrecorded" in p["not_compared"][0] \
-        and "by op: mul 4" in p["not_compared"][0], p["not_compared"]
+    # the rotation's complex products, compared as their real and imaginary parts (before: counted, not compared)
+    mul = [m for m in p["metrics"] if m["op"] == "mul" and m["dtype"] == "complex64"]
+    assert sorted(m["phase"] for m in mul) == ["backward", "backward", "forward", "forward"], mul  # q's and k's
+    assert all(m["status"] == "ok" and m["local"] and m["total"] for m in mul), mul
+    assert p["not_compared"] == [], p["not_compared"]
 
 
 def test_module_to_widens_complex_buffers_to_complex128_and_keeps_their_values():

@@ -63,7 +63,7 @@ from hal.conformance.runtime.sections import take_back
 from .argtree import local_tensor, map_leaves, named_arguments, plain_values, strided_parts
 from .metrics import host_to, sample_flat_index_on, take_samples, warm_statistics
 from .shadow import Shadow, _widen, float64_home
-from .tracer import _SKIP, StepTracer, _op_info, by_op, module_to
+from .tracer import _SKIP, StepTracer, _op_info, by_op, module_to, real_view
 
 #: elements sampled per op output (both runs pick the same positions: the sample depends on the shape only)
 SCRIPT_MAX_ELEMENTS = 4096
@@ -892,7 +892,7 @@ class ProgramPrecision:
                     continue
                 t = t.to_dense()
             # a complex tensor (an FNO's spectral weights) as its real and imaginary parts: float32 pairs of a complex64
-            kept.append((name, torch.view_as_real(t) if t.is_complex() else t))
+            kept.append((name, real_view(t)))
         named = kept
         for (name, t), s in zip(named, take_samples([t for _, t in named], SCRIPT_MAX_ELEMENTS)):
             out[name] = s if self.role == "reference" or not t.is_floating_point() else s.to(t.dtype)
@@ -1101,11 +1101,6 @@ class ProgramPrecision:
                                 "own ran unrecorded (DTensor's and the functional collectives' are recorded through "
                                 "the plain ops they run; these subclasses' values are not plain memory to shadow or "
                                 f"sample); by op: {by_op(subclass)}")
-        cplx = tr.complex_ops if tr is not None else {}
-        if cplx:
-            not_compared.append(f"{sum(cplx.values())} complex op output(s) ran unrecorded (the real outputs computed "
-                                f"from them are compared, with float64 shadows on complex128 inputs); by op: "
-                                f"{by_op(cplx)}")
         sparse = tr.sparse_ops if tr is not None else {}
         if sparse:
             not_compared.append(f"{sum(sparse.values())} floating output(s) of a sparse layout (COO, CSR ...) ran "

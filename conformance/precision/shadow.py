@@ -322,7 +322,8 @@ class Shadow(SampledPlans):
         big = self.sample and out.numel() > self.max_elements
         # a sparse operand (a graph network's adjacency matrix) has no rows or blocks to slice: shadowed whole
         strided = not big or all(x.layout == torch.strided for x in leaves(args) if isinstance(x, torch.Tensor))
-        if big and strided and (out_index == 0 or name == "convolution_backward"):
+        # the sampled variants slice real rows and positions: a complex output is shadowed whole
+        if big and strided and not out.is_complex() and (out_index == 0 or name == "convolution_backward"):
             fast = self._sampled(func, name, args, kwargs, out, home, out_index)
             if fast is not None:
                 return fast

@@ -67,6 +67,18 @@ def exact_cast(func, args, out: torch.Tensor) -> bool:
     return (src == out.dtype and args[0].is_floating_point()) or (src, out.dtype) in _WIDENING
 
 
+#: the real dtype of each complex one (its real and imaginary parts')
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def real_view(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the real tensor of its real and imaginary parts (``torch.view_as_real``: a view, one more
+    dimension of 2; a conjugate view resolved first, a copy), any other tensor as it is."""
+    if not t.is_complex():
+        return t
+    return torch.view_as_real(t.resolve_conj() if t.is_conj() else t)
+
+
 #: ops whose integer outputs (indices) decide data flow; compared exactly (a routing flip shows).
 _INDEX_OPS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
 #: device-specific attention kernels share one name so the target (e.g. CUDA flash) aligns with
@@ -287,8 +299,6 @@ class StepTracer(TorchDispatchMode):
         #: floating op and module outputs of a sparse layout (COO, CSR ...) run but not recorded, by op: their values
         #: are no strided block to sample or shadow
         self.sparse_ops: Dict[str, int] = collections.Counter()
-        #: complex op outputs (an FFT's) run but not recorded, by op: the real outputs computed from them are
-        self.complex_ops: Dict[str, int] = collections.Counter()
         #: float32 op outputs the target device computed in TF32 (judged in :data:`thresholds.TF32`), by op, and the
         #: switches that had it on, with their counts
         self.tf32_ops: Dict[str, int] = collections.Counter()
@@ -375,8 +385,8 @@ class StepTracer(TorchDispatchMode):
                 continue
             rec.sampling = job.how
             thr = rec.threshold
-            q = StatsRequest(job.target, job.ref, job.target.dtype, thr["rtol_eff"], thr["atol"],
-                             thr["class"] == "reduction")
+            target, ref = real_view(job.target), real_view(job.ref)  # a complex op's shadow is complex128
+            q = StatsRequest(target, ref, target.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
             self._pending.append((rec, "local", q))
             if early:
                 self._hold(q, "target")
@@ -624,14 +634,12 @@ class StepTracer(TorchDispatchMode):
                     # made from plain tensors (the functional collectives' AsyncCollectiveTensor): no plain memory
                     self.subclass_ops[name] += 1
                 elif isinstance(o, torch.Tensor) and o.numel() > 0 and (
-                        o.is_floating_point() or (name in _INDEX_OPS and not o.is_complex())):
+                        o.is_floating_point() or o.is_complex() or name in _INDEX_OPS):
                     if o.layout != torch.strided:
                         self.sparse_ops[name] += 1
                     else:
                         self._observe(phase, module, name, o, i, func=func, args=args, kwargs=kwargs,
                                       inputs=inputs)
-                elif isinstance(o, torch.Tensor) and o.is_complex() and o.numel() > 0:
-                    self.complex_ops[name] += 1
         return out
 
     def _observe(self, phase, module, op, t, out_index, *, kind="op", func=None, args=(),
@@ -640,18 +648,20 @@ class StepTracer(TorchDispatchMode):
         occ = self._counts[ckey]
         self._counts[ckey] = occ + 1
         key = (phase, module, op, occ, out_index)
+        vals = real_view(t)  # what is compared: a complex output's real and imaginary parts
         if self.role == "reference":
-            self.samples[key] = take_sample(t, self.max_elements)
-            self.sample_shapes[key] = tuple(t.shape)
+            self.samples[key] = take_sample(vals, self.max_elements)
+            self.sample_shapes[key] = tuple(vals.shape)
             self._producer[id(t)] = (weakref.ref(t), -1)  # for produced(); no record to blame here
             return
         # K only means something for a reduction (an embedding's "K" was its table over its output)
         k = th.reduction_length(op, args, tuple(t.shape), out_index) if func is not None and op in th.REDUCTION_OPS \
             else 1
-        in_dtypes = [a.dtype for a in inputs if a.is_floating_point()] if func is not None else []
+        in_dtypes = [_REAL.get(a.dtype, a.dtype) for a in inputs if a.is_floating_point() or a.is_complex()] \
+            if func is not None else []
         # an op is judged at the precision of its least precise operand, or at TF32's where the device computed its
         # float32 math in TF32
-        fmt = th.loosest([t.dtype] + in_dtypes)
+        fmt = th.loosest([vals.dtype] + in_dtypes)
         if fmt == torch.float32 and func is not None:
             switch = tf32_switch(t.device, op)
             if switch is not None:
@@ -665,31 +675,31 @@ class StepTracer(TorchDispatchMode):
             if p is not None and p[0]() is not None:
                 prods.append(p[1])
         # the loosest format on the data path bounds the total error (inherited tolerance)
-        eff = [t.dtype, fmt] + [self.records[p].eff_dtype for p in prods]
+        eff = [vals.dtype, fmt] + [self.records[p].eff_dtype for p in prods]
         eff += in_dtypes
         if self.compute_dtype is not None:
             eff.append(self.compute_dtype)
         eff_dtype = th.loosest(eff)
         tthr = th.threshold_for(op, eff_dtype, k)
-        if not t.is_floating_point():  # indices: exact
+        if not vals.is_floating_point():  # indices: exact
             eff_dtype = t.dtype
             thr = tthr = th.threshold_for(op, t.dtype, 1)
         rec = OpRecord(phase, module, op, occ, out_index, str(t.dtype).replace("torch.", ""),
-                       tuple(t.shape), kind=kind, threshold=thr, eff_dtype=eff_dtype,
+                       tuple(vals.shape), kind=kind, threshold=thr, eff_dtype=eff_dtype,
                        total_threshold=tthr)
         ref = self.samples.get(key)
         if ref is not None and self.sample_shapes.get(key, rec.shape) == rec.shape:
-            tv, is_view = sampled_values(t, self.max_elements)
+            tv, is_view = sampled_values(vals, self.max_elements)
             if tv.numel() == ref.numel():
-                q = StatsRequest(tv, ref, t.dtype, tthr["rtol_eff"], tthr["atol"], True, "aggregate")
+                q = StatsRequest(tv, ref, vals.dtype, tthr["rtol_eff"], tthr["atol"], True, "aggregate")
                 self._pending.append((rec, "total", q))
                 if is_view:
                     self._hold(q, "target")
         if func is not None and self.do_shadow and exact_cast(func, args, t):
             # the local comparison of the output with itself: zero error, with its own scale and count
             rec.sampling = EXACT_CAST
-            tv, is_view = sampled_values(t, self.max_elements)
-            q = StatsRequest(tv, tv, t.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
+            tv, is_view = sampled_values(vals, self.max_elements)
+            q = StatsRequest(tv, tv, vals.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
             self._pending.append((rec, "local", q))
             if is_view:  # both sides alias the output: copied if the program writes it before the judging
                 self._hold(q, "target")
