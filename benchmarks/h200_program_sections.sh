@@ -10,7 +10,9 @@
 # $OUT/audit-cuda-fixtures.tgz (one audit folder per fixture), $OUT/precision-cuda-cnn.{json,md},
 # $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
 # $OUT/bench_precision_cuda_{tiny,gpt2small}.json, $OUT/bench_profiler_configs_cuda.json and
-# $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first.
+# $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first: the image lacks stevedore and
+# jsonschema (carry ../shared/device/prepare-wheels.sh stevedore==5.10.0 jsonschema==4.26.0
+# jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 liger-kernel==0.8.5).
 # H200_STEPS=tests,audit,fixtures,precision-cnn,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps
 # (default: all). The exit status is the number of failed steps.
 set -u

@@ -143,8 +143,9 @@ def test_a_tf32_convolution_on_the_gpu_passes_in_tf32_and_the_same_in_float32_pa
         pytest.skip("cuda: compute capability below 8.0 has no TF32")
     res, strict = run(True), run(False)
     conv = next(m for m in res["metrics"] if m["op"] == "convolution")
+    # TF32 allowed, judged so; whether cuDNN's algorithm used it is its choice (this 3-channel one did not on an H100:
+    # rms_rel 8.5e-8; the cnn model's did: 0.94 of the elements over float32's tolerance)
     assert conv["threshold"].get("format") == "tf32" and res["verdict"] == "pass", res["summary"]
-    assert conv["local"]["rms_rel"] > 1e-5  # TF32's rounding (10 mantissa bits), measured
     conv = next(m for m in strict["metrics"] if m["op"] == "convolution")
     assert "format" not in conv["threshold"] and strict["verdict"] == "pass", strict["summary"]
     assert conv["local"]["rms_rel"] < 1e-5  # float32's
