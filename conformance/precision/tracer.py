@@ -482,7 +482,7 @@ class StepTracer(TorchDispatchMode):
                     for i, t in enumerate(plain_values(x) for x in leaves(output) if isinstance(x, torch.Tensor)):
                         if is_dispatch_subclass(type(t)):
                             self.subclass_ops["<module>"] += 1
-                        elif t.is_floating_point() and t.numel() > 0:
+                        elif (t.is_floating_point() or t.is_complex()) and t.numel() > 0:
                             if t.layout != torch.strided:
                                 self.sparse_ops["<module>"] += 1
                             else:
