@@ -23,6 +23,7 @@ exits 3 for it.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -202,6 +203,9 @@ def _child(spec: dict) -> dict:
         p["verified"] = bool(info.available) and bool(p.get("verified", True))
         if note:
             p["note"] = note
+            predicted = predicted_tf32(spec["device"], p.get("metrics") or [], spec.get("arch"))
+            if predicted:
+                p["tf32"] = predicted
         result["precision"] = p
     if spec.get("profile"):
         from hal.conformance.profiling import inference_load_matrix, profile_workload
@@ -499,7 +503,35 @@ def _program_precision(request: dict, workdir: str, info: Any, run_device: str, 
     }
     if note:
         section["note"] = note
+        section["tf32"] = predicted_tf32(request["device"], rows, request.get("arch")) or section["tf32"]
     return json_safe(section)
+
+
+def predicted_tf32(backend: str, rows: list, arch: Optional[int] = None) -> Optional[str]:
+    """The precision section's line for a target that is not here (measured on the CPU in float32): which of the
+    compared float32 op outputs ``backend`` computes in TF32 by default (its manifest's ``tf32_defaults``), None when
+    none. A prediction, and it says so."""
+    import torch
+
+    from hal.capabilities.tf32 import default_switch, tf32_rule
+    from hal.conformance.precision import thresholds as th
+    from hal.conformance.precision.tracer import by_op
+    seen: dict = collections.Counter()
+    switches = set()
+    for r in rows:
+        flag = default_switch(backend, r["op"], arch) if r.get("kind") == "op" and r.get("dtype") == "float32" else None
+        if flag is not None:
+            seen[r["op"]] += 1
+            switches.add(flag)
+    if not seen:
+        return None
+    need = (tf32_rule(backend) or {}).get("arch_min_major")
+    gate = "" if need is None else f" from architecture {need}" + ("" if arch is not None else " (--arch not given)")
+    return (f"predicted, not measured: {backend} computes float32 convolutions or matmuls in TF32 by default{gate} "
+            f"({', '.join(f'{s} = True' for s in sorted(switches))}): {sum(seen.values())} float32 op output(s) "
+            f"compared here in float32 would run in TF32 there, with errors of TF32's order (rtol "
+            f"{th.base_tolerance(th.TF32)[0]:g}, float32's is {th.base_tolerance(torch.float32)[0]:g}); by op: "
+            f"{by_op(seen)}")
 
 
 def _losses_on_same_inputs(target: dict, reference: dict) -> Optional[tuple]:

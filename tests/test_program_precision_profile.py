@@ -273,6 +273,12 @@ def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weight
         assert m["shape"][-1] == 2 and m["threshold"]["rtol"] == 1.3e-6 and m["status"] == "ok", m
         assert m["local"]["n"] > 0 and m["total"]["n"] > 0 and m["local"]["max_abs"] > 0, m
     assert not [why for why in p["not_compared"] if "complex" in why], p["not_compared"]
+    # measured on the CPU in float32; on the MLU the pointwise convolution runs in TF32 by default: said, as predicted
+    assert p["tf32"].startswith("predicted, not measured: mlu computes float32 convolutions or matmuls in TF32 by "
+                                "default from architecture 5 (--arch not given) (torch.backends.cnnl.allow_tf32 = "
+                                "True): 4 float32 op output(s)") and "by op: convolution_backward 3, convolution 1" \
+        in p["tf32"], p["tf32"]
+    assert "  TF32: predicted, not measured: mlu" in r.stdout
 
 
 def test_per_sample_gradients_under_torch_func_are_compared_op_by_op(tmp_path):

@@ -18,6 +18,7 @@ from torch import nn
 from hal.capabilities import tf32
 from hal.conformance.precision import thresholds as th
 from hal.conformance.precision.compare import compare_module
+from hal.conformance.workload_audit import predicted_tf32
 
 
 @pytest.fixture
@@ -80,6 +81,39 @@ def test_the_tf32_format_sits_between_float16_and_bfloat16():
     assert "format" not in th.threshold_for("convolution", torch.float32, 27)
     assert th.format_named(th.format_name(th.TF32)) == th.TF32
     assert th.format_named(th.format_name(torch.bfloat16)) == torch.bfloat16 and th.format_named("nope") is None
+
+
+def test_a_target_that_is_not_here_gets_its_default_tf32_predicted_from_its_manifest():
+    rows = [{"kind": "op", "op": "convolution", "dtype": "float32"}, {"kind": "op", "op": "mm", "dtype": "float32"},
+            {"kind": "op", "op": "convolution", "dtype": "float16"}, {"kind": "gradient", "op": "weight",
+                                                                       "dtype": "float32"}]
+    line = predicted_tf32("mlu", rows, 5)
+    assert line == ("predicted, not measured: mlu computes float32 convolutions or matmuls in TF32 by default from "
+                    "architecture 5 (torch.backends.cnnl.allow_tf32 = True): 1 float32 op output(s) compared here in "
+                    "float32 would run in TF32 there, with errors of TF32's order (rtol 0.005, float32's is 1.3e-06); "
+                    "by op: convolution 1")
+    assert predicted_tf32("mlu", rows, 3) is None  # an MLU370: before TF32
+    assert predicted_tf32("cuda", rows[1:], 9) is None  # CUDA's matmuls: off by default
+    assert predicted_tf32("cpu", rows) is None
+
+
+@pytest.mark.parametrize("arch, expected", [(None, 17), ("mlu370", 0)])
+def test_the_audit_of_a_model_for_an_absent_mlu_says_which_outputs_would_run_in_tf32_there(tmp_path, arch, expected):
+    """hal-audit cnn --device mlu --precision, here (no MLU): measured on the CPU in float32, with the line on the
+    convolutions (6 forward, 11 backward outputs) the MLU would run in TF32; none on an MLU370 (architecture 3)."""
+    import json
+
+    from tests.conftest import run_cli
+    r = run_cli("hal-audit", "cnn", "--device", "mlu", "--precision", "--steps", "1", "--out", str(tmp_path),
+                "--format", "text", *(["--arch", arch] if arch else []), timeout=600)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = json.loads((tmp_path / "audit.json").read_text())["precision"]
+    if expected:
+        assert p["tf32"].startswith("predicted, not measured: mlu computes") and \
+            f"{expected} float32 op output(s)" in p["tf32"], p["tf32"]
+        assert "  TF32: predicted, not measured" in r.stdout
+    else:
+        assert "tf32" not in p and "TF32" not in r.stdout, p.get("tf32")
 
 
 class _Cnn(nn.Module):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from hal.capabilities.tf32 import tf32_family
+from hal.capabilities.tf32 import default_switch, tf32_family, tf32_rule
 
 MLU_64BIT_NOTE = "{dt} is computed as {to} on MLU (torch_mlu casts 64-bit tensors to 32-bit silently)"
 _64BIT = {"float64": "float32", "complex128": "complex64"}
@@ -159,24 +159,12 @@ def precision_notes(backend: str, op: str, dtypes: list[str], arch: Optional[int
     """Predicted precision notes from ``backend``'s manifest (never a measurement): float32 ops that
     run in TF32 by default there (``tf32_defaults``: conv and/or matmul, only from architecture
     ``arch_min_major`` on)."""
-    if "float32" not in dtypes:
+    flag = default_switch(backend, op, arch) if "float32" in dtypes else None
+    if flag is None:
         return []
-    try:
-        from hal.capabilities import load_manifest
-        tf = load_manifest(backend).tf32_defaults
-    except Exception:  # no manifest: nothing to predict from
-        return []
-    key = tf32_family(op)
-    if key is None or not tf.get(key):
-        return []
-    need = tf.get("arch_min_major")
-    gate = ""
-    if need is not None:
-        if arch is not None and arch < need:
-            return []
-        gate = f" on architecture >= {need}" + ("" if arch is not None else " (architecture not given)")
-    flag = (tf.get("flags") or {}).get(key, "")
-    return [f"float32 {key} runs in TF32 by default on {backend}{gate} ({flag}=True): precision "
+    need = (tf32_rule(backend) or {}).get("arch_min_major")
+    gate = "" if need is None else f" on architecture >= {need}" + ("" if arch is not None else " (architecture not given)")
+    return [f"float32 {tf32_family(op)} runs in TF32 by default on {backend}{gate} ({flag}=True): precision "
             "like cuDNN's TF32 convolutions (predicted, not measured)"]
 
 

@@ -35,7 +35,9 @@ def tf32_family(op: str) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _rule(device_type: str) -> Optional[dict]:
+def tf32_rule(device_type: str) -> Optional[dict]:
+    """The manifest's ``tf32_defaults`` of a device type (``"cuda"``, ``"mlu"``), None when it has none. Shared:
+    read it, never change it."""
     if device_type in ("cpu", "meta"):  # no shipped manifest (the CPU's is built from the dispatcher, seconds); no rule
         return None
     try:
@@ -75,7 +77,7 @@ def tf32_switch(device: torch.device, op: str) -> Optional[str]:
     family = tf32_family(op)
     if family is None:
         return None
-    rule = _rule(device.type)
+    rule = tf32_rule(device.type)
     if not rule:
         return None
     need = rule.get("arch_min_major")
@@ -87,3 +89,17 @@ def tf32_switch(device: torch.device, op: str) -> Optional[str]:
     value = _flag_value(flag) if flag else None
     on = bool(rule.get(family, False)) if value is None else value
     return (flag or f"{device.type} default") if on else None
+
+
+def default_switch(backend: str, op: str, arch: Optional[int] = None) -> Optional[str]:
+    """The flag under which ``op``'s float32 math runs in TF32 on ``backend`` *by default* (its manifest, not the flags
+    of this process: a prediction for a device that is not here), None when it does not: no TF32 family, no rule,
+    off by default, or ``arch`` (when given) before the rule's first architecture."""
+    family = tf32_family(op)
+    rule = tf32_rule(backend) if family is not None else None
+    if not rule or not rule.get(family):
+        return None
+    need = rule.get("arch_min_major")
+    if arch is not None and need is not None and arch < need:
+        return None
+    return (rule.get("flags") or {}).get(family) or f"{backend} default"
