@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 
 if want tests; then
   step "precision tests on CUDA (float64 shadows and batched statistics on the device; the CUDA smoke audits)"
-  run 150 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly \
+  run 240 env HAL_REQUIRE_BACKENDS=cuda $PY -m pytest -q -rs -p no:cacheprovider -p no:randomly \
       tests/test_precision_batched.py tests/test_cuda_smoke.py tests/test_profile_attribution.py tests/test_tf32.py
 fi
 
