@@ -43,7 +43,7 @@ def tf32_rule(device_type: str) -> Optional[dict]:
     try:
         from hal.capabilities.manifest import load_manifest
         return load_manifest(device_type).tf32_defaults or None
-    except Exception:  # no manifest (cpu, meta, an unknown type), or an unreadable one: no TF32 rule
+    except Exception:  # no manifest (an unknown type), or an unreadable one: no TF32 rule
         return None
 
 
