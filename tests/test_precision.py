@@ -686,3 +686,16 @@ def test_collectives_and_fsdp_buffer_copies_are_never_compared():
         if hasattr(torch.ops, "fsdp") else None
     if copy_in is not None:  # torch 2.4's FSDP2 copies with aten ops
         assert _op_info(copy_in).passthrough and not _op_info(copy_in).collective
+
+
+def test_gpu_batch_norm_kernels_are_recorded_under_the_cpu_reference_s_name():
+    """cuDNN's batch norm (and MIOpen's) is ``native_batch_norm`` in the CPU reference run: recorded under its own
+    name, each of a CNN's batch norm outputs on an H100 (36 in the cnn model) had no total comparison. Its first three
+    outputs (output, saved mean, saved inverse std) and the backward's three gradients are the comparable ones."""
+    from hal.conformance.precision.tracer import _op_info
+    for kernel, canonical in (("cudnn_batch_norm", "native_batch_norm"), ("miopen_batch_norm", "native_batch_norm"),
+                              ("cudnn_batch_norm_backward", "native_batch_norm_backward"),
+                              ("miopen_batch_norm_backward", "native_batch_norm_backward")):
+        info = _op_info(getattr(torch.ops.aten, kernel).default)
+        assert (info.name, info.n_out) == (canonical, 3) and not info.passthrough, (kernel, info)
+    assert _op_info(torch.ops.aten.native_batch_norm.default).name == "native_batch_norm"
