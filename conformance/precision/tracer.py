@@ -96,9 +96,9 @@ _CANONICAL = {
     # oneDNN's LSTM layer on the CPU: output, h, c (its fourth output is a workspace, not a result)
     "mkldnn_rnn_layer": ("mkldnn_rnn_layer", 3),
     # cuDNN's and MIOpen's batch norm on a GPU, the CPU reference's native_batch_norm: output, saved mean, saved
-    # inverse standard deviation (cuDNN's "inverse variance" cache is 1/sqrt(var + eps); its fourth output is a
-    # reserve space); the backward's input, weight and bias gradients. Under their own names a CNN's batch norms had
-    # no counterpart in the reference run (36 outputs of the cnn model on an H100: local errors only)
+    # inverse standard deviation, then a reserve space (PyTorch's own decomposition of cudnn_batch_norm returns
+    # native_batch_norm's three outputs, and of its backward native_batch_norm_backward's); under their own names a
+    # CNN's batch norms had no counterpart in the reference run (36 outputs of the cnn model on an H100)
     "cudnn_batch_norm": ("native_batch_norm", 3),
     "miopen_batch_norm": ("native_batch_norm", 3),
     "cudnn_batch_norm_backward": ("native_batch_norm_backward", 3),
