@@ -257,9 +257,9 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
     return spec_path, result_path, spec
 
 
-#: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`); a crashed
-#: profile run is not run again there (:data:`PROFILE_RETRIES`)
-SECTION_RUNS = ("precision-reference", "precision-target", "profile")
+#: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`), the profile
+#: run's retries last (:data:`PROFILE_RETRIES`: every rank runs them together, :func:`ranks_agree`)
+SECTION_RUNS = ("precision-reference", "precision-target", "profile", "profile-retry1", "profile-retry2")
 
 
 def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
@@ -270,7 +270,7 @@ def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
     audit's first run had left made the second run's ranks read stale addresses ("Gloo connectFullMesh failed ...
     Connection refused") and the runs after it hang. ``{}`` for a single process. Every rank runs the same sections
     in the same order, so their ports agree; a run one rank alone starts would meet no peer and end at its timeout,
-    so a rank never starts one (a crashed profile run is not run again there: :data:`NO_LONE_RETRY`)."""
+    so a rank never starts one (a crashed profile run is run again only when the ranks agree: :func:`ranks_agree`)."""
     env = os.environ if environ is None else environ
     try:
         world, port = int(env.get("WORLD_SIZE", "1")), int(env["MASTER_PORT"])
@@ -289,13 +289,61 @@ def _run_program(request: dict, workdir: str, name: str, run_device: str, steps:
                      env=dict(os.environ, PYTHONUNBUFFERED="1", **rendezvous_env(name)))
 
 
-#: how many times a crashed profile run is run again, in a single process. A rank of a program audited rank by rank
-#: (:func:`rendezvous_env`) runs it once: where its peers' runs did not crash, a retry it started alone met no peer,
-#: waited out the audit's timeout and reported a timeout, not the crash (tests/fixtures/runtime/rank_crash_torchrun.py)
+#: how many times a crashed profile run is run again. The ranks of a program audited rank by rank
+#: (:func:`rendezvous_env`) run it again together when one of theirs crashed (:func:`ranks_agree`): a retry one rank
+#: started alone met no peer, waited out the audit's timeout and reported a timeout, not the crash
+#: (tests/fixtures/runtime/rank_crash_torchrun.py)
 PROFILE_RETRIES = 2
 #: why a crashed profile run of a rank audited with its peers is not run again, for the report
-NO_LONE_RETRY = ("not run again: this rank's runs meet the other ranks' at a rendezvous, and a run it started alone "
-                 "would meet none and wait out its timeout")
+NO_LONE_RETRY = ("not run again: this rank's runs meet the other ranks' at a rendezvous, and the ranks could not agree "
+                 "on a retry through torchrun's store (a run started alone would meet no peer and wait out its "
+                 "timeout)")
+#: the key prefix of :func:`ranks_agree` in torchrun's store (apart from the program's own keys)
+_AGREE_PREFIX = "hal-audit/profile-crashed"
+
+
+def ranks_agree(attempt: int, crashed: bool, timeout_s: float, environ: Optional[dict] = None) -> Optional[list]:
+    """The ranks whose profile run ``attempt`` crashed, every rank's answer read back, for the ranks of a program
+    audited rank by rank under torchrun (:func:`rendezvous_env`): each publishes its own in a store at
+    ``$MASTER_ADDR:$MASTER_PORT`` (torchrun's agent's where it shares it, ``$TORCHELASTIC_USE_AGENT_STORE``, as
+    torch 2.13's does; else one rank 0's audit hosts there, free while no section run is on: torch 2.4.1's) and waits
+    up to ``timeout_s`` for the others, so all decide alike whether to run it again; rank 0's store stays until every
+    rank has read. None when no store can be reached or a peer did not answer in time: no retry then. Blocks;
+    raises nothing."""
+    env = os.environ if environ is None else environ
+    try:
+        import datetime
+
+        world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
+        store = _agreement_store(env, rank, timeout_s)
+        wait = datetime.timedelta(seconds=timeout_s)
+        base = f"{_AGREE_PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/{attempt}"
+        store.set(f"{base}/{rank}", "1" if crashed else "0")
+        store.wait([f"{base}/{r}" for r in range(world)], wait)
+        crashed_ranks = [r for r in range(world) if store.get(f"{base}/{r}") == b"1"]
+        store.set(f"{base}/read/{rank}", "1")
+        if rank == 0:  # the store may be this process's: it stays until every rank has read the answers
+            store.wait([f"{base}/read/{r}" for r in range(world)], wait)
+        return crashed_ranks
+    except Exception:  # no store there, a peer gone or late: the caller does not run it again
+        return None
+
+
+#: the agreement stores of this process, by (address, port, rank): made once, kept for the later attempts
+_AGREE_STORES: dict = {}
+
+
+def _agreement_store(env, rank: int, timeout_s: float):
+    import datetime
+
+    import torch.distributed as dist
+    host, port = env.get("MASTER_ADDR", "localhost"), int(env["MASTER_PORT"])
+    key = (host, port, rank)
+    if key not in _AGREE_STORES:
+        hosts = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        _AGREE_STORES[key] = dist.TCPStore(host, port, is_master=hosts, wait_for_workers=False,
+                                           timeout=datetime.timedelta(seconds=timeout_s))
+    return _AGREE_STORES[key]
 
 
 def _run_line(res: dict) -> dict:
@@ -339,11 +387,19 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                                     profile_steps=steps, out=out_dir, fallback_ops=list(fallback_ops))
             # torch.profiler itself crashes now and then collecting a session (SIGSEGV after profiler_stop, seen
             # on 2.4.1 and 2.13, about 1 run in 6 on a loaded box), in the child or in a worker it spawned: a crashed
-            # run is run again, twice at most, except on a rank audited with its peers (NO_LONE_RETRY)
+            # run is run again, twice at most; ranks audited with their peers run it again together once they agree
+            # (ranks_agree), never one alone (NO_LONE_RETRY)
             res, crashes = profile_run("profile"), []
-            with_peers = bool(rendezvous_env("profile"))
-            while _crashed(res) and len(crashes) < (0 if with_peers else PROFILE_RETRIES):
-                crashes.append((res.get("run") or {}).get("error"))
+            with_peers, agreed = bool(rendezvous_env("profile")), True
+            while len(crashes) < PROFILE_RETRIES:
+                mine = _crashed(res)
+                ranks = ranks_agree(len(crashes), mine, float(request.get("timeout") or 600.0)) if with_peers \
+                    else ([0] if mine else [])
+                if not ranks:  # none crashed (or, with peers, no agreement reached: not run again alone)
+                    agreed = ranks is not None
+                    break
+                crashes.append((res.get("run") or {}).get("error") if mine else
+                               f"rank(s) {', '.join(map(str, ranks))} crashed: run again with them")
                 res = profile_run(f"profile-retry{len(crashes)}")
             prof = res.get("profile_run")
             if crashes and prof:
@@ -352,7 +408,7 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
                     "these figures are from the last run")
             if not prof or (not prof.get("ops") and not prof.get("step_ms", {}).get("all")):
                 why = "; ".join((prof or {}).get("not_measured") or []) or "no profile recorded"
-                if with_peers and _crashed(res):
+                if with_peers and _crashed(res) and not agreed:
                     why += f"; {NO_LONE_RETRY}"
                 failed = _run_failure(res)
                 out["profile"] = {"verdict": "error", "verified": False, "run": _run_line(res),
