@@ -616,8 +616,8 @@ def test_a_gans_profile_step_is_one_cycle_of_its_optimizers(tmp_path):
 def test_a_one_time_cost_in_a_timed_step_does_not_make_the_overhead_ratio(tmp_path):
     """On an H100, the sparse graph fixture's first plain step took 156 ms and its second 5.4 (a one-time cost of the
     program's second iteration), against profiled steps of 7.4 and 6.9 ms: the median of the two plain steps (80.9)
-    made the overhead ratio 0.088. Plain steps that far apart (the slowest over twice the fastest) now give the ratio
-    of the fastest steps, and the profile says why; steady ones keep the medians' ratio."""
+    made the overhead ratio 0.088. Plain steps that far apart (the slowest over 3x the fastest and 20 ms more) now give
+    the ratio of the fastest steps, and the profile says why; others keep the medians' ratio."""
     fixture = str(FIX / "runtime" / "warms_up_late.py")
     r, doc = _audit(tmp_path / "late", fixture, "--device", "cpu", "--profile", "--steps", "2")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
@@ -628,11 +628,11 @@ def test_a_one_time_cost_in_a_timed_step_does_not_make_the_overhead_ratio(tmp_pa
     assert len(f["notes"]) == 1 and f["notes"][0].startswith("the plain steps took ") \
         and "fastest profiled step by the fastest plain step" in f["notes"][0], f["notes"]
     assert "note: the plain steps took" in r.stdout
-    r, doc = _audit(tmp_path / "steady", fixture, "--device", "cpu", "--profile", "--steps", "2", "--", "--late-ms", "0")
-    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
-    f = doc["profile"]
-    assert f["notes"] == [] and f["overhead_ratio"] == pytest.approx(
-        (sum(f["profiled_step_ms"]["all"]) / 2) / (sum(f["step_ms"]["all"]) / 2)), f
+    # the rule itself, on fixed figures: a one-time cost is over 3x the fastest step and over 20 ms more; the noise of
+    # a loaded 2-core CPU (3.95 and 8.34 ms, a torch 2.4.1 CI leg) is neither
+    from hal.conformance.profiling.script import unsteady
+    assert unsteady([156.4, 5.4]) and unsteady([134.4, 4.88]) and unsteady([306.0, 9.0, 8.0])
+    assert not unsteady([3.95, 8.34]) and not unsteady([60.0, 100.0]) and not unsteady([1.0, 15.0]) and not unsteady([])
 
 
 def test_a_program_that_updates_its_own_parameters_gets_gradients_and_parameters_compared(tmp_path):
