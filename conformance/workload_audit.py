@@ -257,9 +257,15 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
     return spec_path, result_path, spec
 
 
+#: how many times a crashed profile run is run again. The ranks of a program audited rank by rank
+#: (:func:`rendezvous_env`) run it again together when one of theirs crashed (:func:`ranks_agree`): a retry one rank
+#: started alone met no peer, waited out the audit's timeout and reported a timeout, not the crash
+#: (tests/fixtures/runtime/rank_crash_torchrun.py)
+PROFILE_RETRIES = 2
 #: the section runs of a program target, in the order every rank starts them (:func:`rendezvous_env`), the profile
-#: run's retries last (:data:`PROFILE_RETRIES`: every rank runs them together, :func:`ranks_agree`)
-SECTION_RUNS = ("precision-reference", "precision-target", "profile", "profile-retry1", "profile-retry2")
+#: run's retries last (every rank runs them together, :func:`ranks_agree`)
+SECTION_RUNS = ("precision-reference", "precision-target", "profile") + tuple(
+    f"profile-retry{k}" for k in range(1, PROFILE_RETRIES + 1))
 
 
 def rendezvous_env(name: str, environ: Optional[dict] = None) -> dict:
@@ -289,11 +295,6 @@ def _run_program(request: dict, workdir: str, name: str, run_device: str, steps:
                      env=dict(os.environ, PYTHONUNBUFFERED="1", **rendezvous_env(name)))
 
 
-#: how many times a crashed profile run is run again. The ranks of a program audited rank by rank
-#: (:func:`rendezvous_env`) run it again together when one of theirs crashed (:func:`ranks_agree`): a retry one rank
-#: started alone met no peer, waited out the audit's timeout and reported a timeout, not the crash
-#: (tests/fixtures/runtime/rank_crash_torchrun.py)
-PROFILE_RETRIES = 2
 #: why a crashed profile run of a rank audited with its peers is not run again, for the report
 NO_LONE_RETRY = ("not run again: this rank's runs meet the other ranks' at a rendezvous, and the ranks could not agree "
                  "on a retry through torchrun's store (a run started alone would meet no peer and wait out its "

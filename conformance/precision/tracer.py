@@ -308,9 +308,9 @@ class StepTracer(TorchDispatchMode):
         #: are no strided block to sample or shadow
         self.sparse_ops: Dict[str, int] = collections.Counter()
         #: float32 op outputs the target device computed in TF32 (judged in :data:`thresholds.TF32`), by op, and the
-        #: switches that had it on, with their counts
+        #: switches that had it on, in the order first seen (a dict as an ordered set)
         self.tf32_ops: Dict[str, int] = collections.Counter()
-        self.tf32_switches: Dict[str, int] = collections.Counter()
+        self.tf32_switches: Dict[str, None] = {}
         self._counts: Dict[tuple, int] = collections.defaultdict(int)
         self._stack: List[str] = []
         #: autograd sequence numbers where the innermost module changed, ascending, and that module's path
@@ -675,7 +675,7 @@ class StepTracer(TorchDispatchMode):
             if switch is not None:
                 fmt = th.TF32
                 self.tf32_ops[op] += 1
-                self.tf32_switches[switch] += 1
+                self.tf32_switches[switch] = None
         thr = th.threshold_for(op, fmt, k)
         prods = []
         for tid in ([id(a) for a in inputs] if func is not None else (id(t),)):

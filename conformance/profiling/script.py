@@ -122,6 +122,7 @@ def unsteady(steps_ms) -> bool:
     """Whether plain step times (ms) carry a one-time cost (:data:`UNSTEADY`, :data:`UNSTEADY_MS`)."""
     return bool(steps_ms) and max(steps_ms) > UNSTEADY * min(steps_ms) and max(steps_ms) - min(steps_ms) > UNSTEADY_MS
 
+
 class ProgramProfile:
     """The profile hook of one audit child (see the module docstring). ``spec`` keys:
     ``run_device``, ``profile_steps`` (P, default 2), ``out`` (folder for trace.json),
