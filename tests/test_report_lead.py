@@ -206,6 +206,9 @@ def test_a_first_divergence_just_over_its_limit_is_followed_by_the_largest_one()
     assert big.startswith("largest divergence: BCELoss:binary_cross_entropy amplified (rms_rel 0.766 > 1.13e-05)"), big
     bce = next(i for i, r in enumerate(rows) if r["op"] == "binary_cross_entropy")
     assert largest_divergence(rows, dict(fd, index=bce)) is None  # the first is the largest
+    # a cosine under its floor reads "<" (an HF BERT loop's line read "cosine 0.285 > 0.99")
+    low = dict(rows[bce], total=dict(rows[bce]["total"], cosine=0.285))
+    assert largest_divergence([low], {}).endswith("amplified (cosine 0.285 < 0.99)"), largest_divergence([low], {})
     report = {"precision": {"verdict": "warning", "verified": False, "first_divergence": fd, "metrics": rows,
                             "summary": {"verdict_reasons": [big]}}}
     assert digest._precision_fact(report).endswith(f"; {big}")

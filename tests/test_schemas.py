@@ -124,9 +124,9 @@ SHAPES: dict[str, dict] = {
         "program", "commit", "exit", "precision", "profile")}),
     "reports/corpus/sections-torch24.json": _req("meta", "results", results={"type": "array", "items": _req(
         "program", "commit", "exit", "precision", "profile")}),
-    # benchmarks/study_attention_tolerance.py: the local rule on 16-bit attention, fused and unfused
-    "reports/precision/attention-tolerance-*.json": _req("study", "op", "shape", "rows", "environment",
-                                                         rows={"type": "array", "minItems": 1}),
+    # benchmarks/study_attention_tolerance.py: the local rule on a 16-bit attention backward, correct and wrong
+    "reports/precision/attention-tolerance-*.json": _req("study", "op", "shape", "rows", "environment", rows={
+        "type": "array", "minItems": 1, "items": _req("dtype", "form", "correct", "rule", "exceeds", "right")}),
     "reports/mutation.json": _req("method", "mutations", "caught", "survived", "score_pct", "results"),
     # `hal matrix --diff OLD NEW --format json`
     "reports/matrix/diff-*.json": {"type": "array", "items": _req("cell", "change", change={

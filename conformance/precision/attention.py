@@ -2,9 +2,11 @@
 
 A device attention kernel (CUDA flash, efficient, cudnn) has no float64 form of its own that is a reference (the
 efficient kernel's backward, called in float64 on the H200, gave NaN and inf gradients): its shadow is the math
-attention, ``F.scaled_dot_product_attention`` in float64, and its backward's the math attention's gradients written
-out (:func:`math_attention_grads`). The CPU's flash kernel computes float64 itself, so a small one is shadowed by a
-float64 call of the kernel (the generic path), a large one like the device kernels, sampled:
+attention, ``F.scaled_dot_product_attention`` in float64. The CPU's flash kernel computes float64 itself, so a small
+one is shadowed by a float64 call of the kernel (the generic path), a large one like the device kernels, sampled.
+Every attention backward (the CPU's too) is shadowed by the math attention's gradients written out
+(:func:`math_attention_grads`), which also gives the magnitudes its local comparison scales with
+(:data:`GRADIENTS`; ``docs/precision.md``, Thresholds):
 
 * **forward** (:func:`sampled_attention`): the output rows of a block of :func:`blocks.block` with the last dim
   whole: one index of the leading dims (batch, and heads but for a run of them) and, when one head's rows are more
@@ -31,15 +33,15 @@ from .blocks import UnshadowedError, block, block_slices
 
 _DEVICE_ATTENTION = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_cudnn_attention"}
-#: their backward kernels: a float64 call of one is no reference (the efficient kernel's, run in float64 on the H200,
-#: gave NaN and inf gradients); their shadow is the math attention's gradients (:func:`math_attention_grads`)
-_DEVICE_ATTENTION_BACKWARD = {n + "_backward" for n in _DEVICE_ATTENTION}
 #: every fused attention kernel (the device ones and the CPU's flash kernel), and their backwards: sampled when large
 ATTENTION_FORWARD = frozenset(_DEVICE_ATTENTION | {"_scaled_dot_product_flash_attention_for_cpu"})
 ATTENTION_BACKWARD = frozenset(n + "_backward" for n in ATTENTION_FORWARD)
 #: multiply-adds one sampled backward's float64 math form may take (a slab of heads x L x S x (E + Ev), about 0.1 s on
 #: one CPU core): past it the gradients are compared against the reference run only
 ATTENTION_WORK_LIMIT = 1 << 27
+#: the gradients an attention backward's shadow compares (query, key, value): :func:`math_attention_grads` with
+#: ``magnitudes=True`` returns them, then their magnitudes in the same order
+GRADIENTS = 3
 
 
 def _math_attention_args(name: str, named: Dict[str, Any]) -> Tuple[tuple, dict]:
@@ -63,11 +65,21 @@ def attention_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     return F.scaled_dot_product_attention, qkv, kw
 
 
-def math_attention_grads(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None):
+def math_attention_grads(grad_out, query, key, value, out=None, attn_mask=None, is_causal=False, scale=None,
+                         magnitudes=False):
     """``(d query, d key, d value)`` of ``F.scaled_dot_product_attention(query, key, value, attn_mask, is_causal,
-    scale)`` for the incoming ``grad_out``, written out (``P = softmax(scale * Q K^T + mask)``, ``dV = P^T dO``,
-    ``dS = P * (dO V^T - rowsum(dO V^T * P))``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``): what a device
-    attention kernel's backward computes. No autograd (the shadows may run inside a dispatch, below it)."""
+    scale)`` for the incoming ``grad_out``, written out as a fused kernel's backward computes them
+    (``P = softmax(scale * Q K^T + mask)``, ``dV = P^T dO``, ``dS = P * (dO V^T - D)``, ``dQ = scale * dS K``,
+    ``dK = scale * dS^T Q``), each summed to its operand's shape (broadcast heads). ``D`` is ``rowsum(dO * out)`` of
+    the forward output ``out`` the kernel was given, as the kernel computes it (the forward's own rounding of ``out``
+    is the forward's error, judged there; ``dS`` cancels, so recomputing ``D`` exactly made a correct 16-bit kernel's
+    gradients differ by more than its tolerance: ``benchmarks/study_attention_tolerance.py``); without ``out``, the
+    exact ``rowsum(dP * P)``.
+
+    ``magnitudes``: also return, after the three gradients, the magnitudes their rounding errors scale with,
+    ``|scale| * |dS| |K|``, ``|scale| * |dS|^T |Q|`` and ``P^T |dO|`` (the classical bound of a product whose factors
+    carry relative rounding: a kernel rounds ``P`` and ``dS`` to the operand dtype, and a cancelling ``dS @ K`` can
+    be far smaller than its terms). No autograd (the shadows may run inside a dispatch, below it)."""
     scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     s = (query @ key.transpose(-2, -1)) * scale
     if is_causal:  # F.scaled_dot_product_attention's causal mask: the lower triangle from the top left
@@ -77,8 +89,17 @@ def math_attention_grads(grad_out, query, key, value, attn_mask=None, is_causal=
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
     p = torch.softmax(s, -1)
     dp = grad_out @ value.transpose(-2, -1)
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-    return (ds @ key) * scale, (ds.transpose(-2, -1) @ query) * scale, p.transpose(-2, -1) @ grad_out
+    d = (grad_out * out).sum(-1, keepdim=True) if out is not None else (dp * p).sum(-1, keepdim=True)
+    ds = p * (dp - d)
+    pt = p.transpose(-2, -1)
+    grads = ((ds @ key) * scale, (ds.transpose(-2, -1) @ query) * scale, pt @ grad_out)
+    shapes = (query.shape, key.shape, value.shape)
+    grads = tuple(g.sum_to_size(n) for g, n in zip(grads, shapes))
+    if not magnitudes:
+        return grads
+    a = ds.abs()
+    mags = ((a @ key.abs()) * abs(scale), (a.transpose(-2, -1) @ query.abs()) * abs(scale), pt @ grad_out.abs())
+    return grads + tuple(m.sum_to_size(n) for m, n in zip(mags, shapes))
 
 
 def _grad_out(named: Dict[str, Any]) -> torch.Tensor:
@@ -87,10 +108,10 @@ def _grad_out(named: Dict[str, Any]) -> torch.Tensor:
 
 def attention_backward_call(func, name, args, kwargs) -> Tuple[Any, tuple, dict]:
     """``(fn, args, kwargs)`` standing for an attention kernel's backward (outputs 0-2: the gradients of query, key
-    and value): :func:`math_attention_grads`."""
+    and value; 3-5 their magnitudes): :func:`math_attention_grads` on the kernel's ``out``."""
     named = named_arguments(func, args, kwargs)
     qkv, kw = _math_attention_args(name, named)
-    return math_attention_grads, (_grad_out(named), *qkv), kw
+    return math_attention_grads, (_grad_out(named), *qkv), {**kw, "out": named.get("out"), "magnitudes": True}
 
 
 def _heads(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
@@ -146,8 +167,8 @@ def sampled_attention(func, name, args, kwargs, out: torch.Tensor, max_elements:
 
 def sampled_attention_backward(func, name, args, kwargs, max_elements: int
                                ) -> Tuple[Any, tuple, dict, Tuple[slice, ...], str]:
-    """``(fn, args, kwargs, heads, how)`` of a large attention backward: the float64 math gradients
-    (:func:`math_attention_grads`) of a slab of whole heads, and ``heads``, the keep-dim slices of the leading
+    """``(fn, args, kwargs, heads, how)`` of a large attention backward: the float64 math gradients and their
+    magnitudes (:func:`math_attention_grads`) of a slab of whole heads, and ``heads``, the keep-dim slices of the leading
     dims that pick the slab from each of the three gradients. Raises :class:`UnshadowedError` for a dropout, for
     broadcast or grouped heads and when the slab's float64 work is over :data:`ATTENTION_WORK_LIMIT`."""
     named = named_arguments(func, args, kwargs)
@@ -165,6 +186,8 @@ def sampled_attention_backward(func, name, args, kwargs, max_elements: int
     mask = kw["attn_mask"]
     if mask is not None:
         mask = _mask_part(mask, n + 1, heads)
+    out = named.get("out")
     call = (_grad_out(named)[heads], q[heads], k[heads], v[heads])
-    return (math_attention_grads, call, {"attn_mask": mask, "is_causal": kw["is_causal"], "scale": kw["scale"]},
+    return (math_attention_grads, call, {"out": None if out is None else out[heads], "attn_mask": mask,
+                                         "is_causal": kw["is_causal"], "scale": kw["scale"], "magnitudes": True},
             heads, f"heads {count}/{math.prod(lead)}")

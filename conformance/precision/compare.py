@@ -257,7 +257,7 @@ LARGEST = "largest divergence: "
 
 
 def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Optional[str]:
-    """``"largest divergence: MODULE:OP STATUS (METRIC VALUE > LIMIT)"``: of the op rows where an error arises or grows
+    """``"largest divergence: MODULE:OP STATUS (METRIC VALUE > LIMIT)"`` (``<`` for the cosine): of the op rows where an error arises or grows
     beyond tolerance (status ``introduced``, ``amplified`` or ``exceeds``), the one furthest over its limit, when that
     is not the first divergence ``fd`` (``rows`` in record order, as ``fd["index"]`` counts); else None. The first
     divergence can be an op just over its threshold well before the op that makes the loss differ
@@ -282,7 +282,8 @@ def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Op
     if best is None or best_i == fd.get("index"):
         return None
     r, metric, value, limit = best
-    return f"{LARGEST}{r['module']}:{r['op']} {r['status']} ({metric} {value:.3g} > {limit:.3g})"
+    return (f"{LARGEST}{r['module']}:{r['op']} {r['status']} "
+            f"({metric} {value:.3g} {'<' if metric == 'cosine' else '>'} {limit:.3g})")
 
 
 def exceeded_metric(stats: Dict[str, Any], thr: Dict[str, Any]) -> Tuple[str, Any, Any]:

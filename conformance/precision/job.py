@@ -31,3 +31,8 @@ class ShadowJob:
     #: share ``inputs`` (one list), and run one by one they share one float64 call (:meth:`Shadow.flush`)
     shared: bool = False
     error: Optional[str] = None
+    #: when not 0, ``fn`` returns after its compared outputs the magnitude each one's rounding error scales with, this
+    #: many places later (:func:`attention.math_attention_grads`); after the flush ``magnitude`` holds the compared
+    #: output's (cut like ``ref``): the local comparison's element scale is at least it
+    magnitude_offset: int = 0
+    magnitude: Optional[torch.Tensor] = None

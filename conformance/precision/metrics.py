@@ -173,6 +173,9 @@ class StatsRequest:
     atol: float
     normwise: bool
     rule: str = "element"
+    #: element-wise magnitudes (``ref``'s element count) the element rule's scale is at least (an attention
+    #: backward's: :func:`attention.math_attention_grads`); None: the scale is ``|ref|`` or ``max(|ref|, rms(ref))``
+    magnitude: Optional[torch.Tensor] = None
 
 
 #: elements per vectorised pass of :func:`error_stats_many`: on the CPU, temporaries that stay in the
@@ -426,6 +429,9 @@ def _stats_rows(requests: Sequence[StatsRequest], idx: List[int], dev: torch.dev
     scale = ar
     if any(q.normwise for q in qs):  # max(|ref|, rms(ref)) on the norm-wise rows: a per-row floor, 0 elsewhere
         scale = torch.maximum(ar, torch.where(params[:, 3] != 0, rms_ref, 0.0).unsqueeze(1), out=buf("scale"))
+    if any(q.magnitude is not None for q in qs):  # at least the given magnitudes (a row without: its own |ref|)
+        mags = [q.ref if q.magnitude is None else q.magnitude for q in qs]
+        scale = torch.fmax(scale, _padded(mags, lens, dev, lengths_on(mags), "magnitude").abs(), out=buf("scale"))
     # |out - ref| > atol + rtol * scale (masked and padded positions have d = 0 there, never counted): one
     # compare into a byte mask and one sum, not four passes over a float64 buffer
     work = torch.addcmul(atol, scale, rtol, out=buf("work"))

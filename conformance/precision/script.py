@@ -216,20 +216,20 @@ class _SampledShadow(Shadow):
     def cuts(self, job):
         return job.how == "full" and job.target.numel() > self.max_elements
 
-    def finish(self, jobs, targets, refs):
+    def finish(self, jobs, targets, *more):
         if not self.cuts(jobs[0]):  # the jobs of one key: one shape, one sampling
-            return targets, refs
+            return (targets, *more)
         n = targets.numel() // len(jobs)
         shape = tuple(targets.shape[1:])
-        if shape == tuple(refs.shape[1:]):
-            # the sample's flat positions in each job's row: one index_select, not an advanced index over every dim
-            g = len(jobs)
-            targets = targets.detach().reshape(g, n).index_select(
-                1, sample_flat_index_on(shape, self.max_elements, targets.device))
-            refs = refs.reshape(g, n).index_select(1, sample_flat_index_on(shape, self.max_elements, refs.device))
-            for j in jobs:
-                j.how = f"elements {self.max_elements}/{n} (shadowed whole, compared on a sample)"
-        return targets, refs
+        if any(tuple(x.shape[1:]) != shape for x in more):
+            return (targets, *more)
+        # the sample's flat positions in each job's row: one index_select, not an advanced index over every dim
+        g = len(jobs)
+        cut = [x.detach().reshape(g, n).index_select(1, sample_flat_index_on(shape, self.max_elements, x.device))
+               for x in (targets, *more)]
+        for j in jobs:
+            j.how = f"elements {self.max_elements}/{n} (shadowed whole, compared on a sample)"
+        return tuple(cut)
 
 
 #: files whose frames lie between the autograd engine and a dispatch mode's handler: torch's dispatch wrappers and

@@ -41,9 +41,9 @@ import torch
 from .argtree import leaves, map_leaves
 from .attention import (
     _DEVICE_ATTENTION,
-    _DEVICE_ATTENTION_BACKWARD,
     ATTENTION_BACKWARD,
     ATTENTION_FORWARD,
+    GRADIENTS,
     attention_backward_call,
     attention_call,
     sampled_attention,
@@ -352,31 +352,32 @@ class Shadow(SampledPlans):
             (fn, a, k), target, how = attention_call(func, name, args, kwargs), out, "full"
         return self._job(fn, a, k, home, 0, target, how, batch=False)
 
-    def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> Optional[ShadowJob]:
-        """The job of gradient ``out_index`` (0-2: query, key, value) of an attention kernel's backward: the math
-        attention's gradients (:func:`attention.math_attention_grads`), of a slab of heads when query, key or value is
-        over ``max_elements`` (one float64 call for the three); None for a small CPU kernel (a float64 call of it).
-        Raises :class:`UnshadowedError` for the bias gradient and what the samplers raise."""
-        if out_index > 2:
+    def _attention_backward(self, func, name, args, kwargs, out, out_index, home) -> ShadowJob:
+        """The job of gradient ``out_index`` (0-2: query, key, value) of an attention kernel's backward, the CPU's
+        too: the math attention's gradients and their magnitudes (:func:`attention.math_attention_grads`; the job's
+        ``magnitude``), of a slab of heads when query, key or value is over ``max_elements``; one float64 call for
+        the three. Raises :class:`UnshadowedError` for the bias gradient and what the samplers raise."""
+        if out_index >= GRADIENTS:
             raise UnshadowedError(f"{name} output {out_index} (the bias gradient) is not shadowed")
         # grad_out, query, key, value lead every backward's arguments: one decision for the three gradients
         sampled = self.sample and any(isinstance(a, torch.Tensor) and a.numel() > self.max_elements for a in args[:4])
         if not sampled:
-            if name not in _DEVICE_ATTENTION_BACKWARD:
-                return None
-            return self._math_form(func, name, args, kwargs, out, out_index, home, attention_backward_call)
+            return self._math_form(func, name, args, kwargs, out, out_index, home, attention_backward_call, GRADIENTS)
         sibling = self._sibling(func, args, kwargs, home, out_index, out)
         if sibling is not None:
             return sibling
         fn, a, k, heads, how = sampled_attention_backward(func, name, args, kwargs, self.max_elements)
         job = self._job(fn, a, k, home, out_index, out[heads], how, batch=False)
+        job.magnitude_offset = GRADIENTS
         self._last_call = (func, args, kwargs, job, heads)
         return job
 
-    def _math_form(self, func, name, args, kwargs, out, out_index, home, call) -> ShadowJob:
+    def _math_form(self, func, name, args, kwargs, out, out_index, home, call, magnitude_offset: int = 0
+                   ) -> ShadowJob:
         """The job of output ``out_index`` of a kernel whose float64 reference is a written-out math form
         (``call(func, name, args, kwargs)`` gives its ``(fn, args, kwargs)``, ``fn`` returning the compared outputs
-        first): one float64 call for all of a call's outputs (shared jobs). Raises :class:`UnshadowedError` for
+        first, and ``magnitude_offset`` places later their magnitudes when it is not 0: :attr:`ShadowJob.magnitude`):
+        one float64 call for all of a call's outputs (shared jobs). Raises :class:`UnshadowedError` for
         outputs over ``HUGE_FACTOR x max_elements`` (the math forms keep whole intermediates in float64) and
         whatever ``call`` raises."""
         if self.sample and out.numel() > HUGE_FACTOR * self.max_elements:
@@ -387,6 +388,7 @@ class Shadow(SampledPlans):
             return sibling
         fn, a, k = call(func, name, args, kwargs)
         job = self._job(fn, a, k, home, out_index, out, "full", batch=False)
+        job.magnitude_offset = magnitude_offset
         self._last_call = (func, args, kwargs, job, None)
         return job
 
@@ -400,7 +402,8 @@ class Shadow(SampledPlans):
         first, pick = last[3], last[4]
         key = None if first.key is None else (first.fn, out_index, home) + first.key[3:]
         return ShadowJob(first.fn, first.args, first.kwargs, first.inputs, home, out_index,
-                         out if pick is None else out[pick], first.how, key, shared=True)
+                         out if pick is None else out[pick], first.how, key, shared=True,
+                         magnitude_offset=first.magnitude_offset)
 
     def _job(self, fn, args, kwargs, home, out_index, target, how, batch: bool = True) -> ShadowJob:
         inputs: List[torch.Tensor] = []
@@ -416,21 +419,24 @@ class Shadow(SampledPlans):
                 key = None
         return ShadowJob(fn, a, k, inputs, home, out_index, target, how, key)
 
-    def finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """What is compared of ``jobs`` (computed, of one key), given their target and reference values
-        stacked (``[len(jobs), ...]``): here all of it; a subclass may cut both (and say so in ``how``)."""
-        return targets, refs
+    def finish(self, jobs: List[ShadowJob], targets: torch.Tensor, *more: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """What is compared of ``jobs`` (computed, of one key), given their target values stacked
+        (``[len(jobs), ...]``) and, in ``more``, their reference values (and magnitudes) stacked alike: here all of
+        it; a subclass may cut each the same way (and say so in ``how``)."""
+        return (targets, *more)
 
     def cuts(self, job: ShadowJob) -> bool:
         """Whether :meth:`finish` may cut ``job``'s values (never here): a job computed on its own is passed
         to it only then, saving the stacking of one job."""
         return False
 
-    def _finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor) -> None:
-        targets, refs = self.finish(jobs, targets, refs)
+    def _finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor,
+                magnitudes: Optional[torch.Tensor] = None) -> None:
+        cut = self.finish(jobs, targets, refs, *(() if magnitudes is None else (magnitudes,)))
         for g, j in enumerate(jobs):
-            j.target, j.ref = targets[g], refs[g]
+            j.target, j.ref = cut[0][g], cut[1][g]
+            if magnitudes is not None:
+                j.magnitude = cut[2][g]
 
     # -- computing planned jobs -------------------------------------------------------------------
     def flush(self, jobs: List[ShadowJob], batched: bool = True) -> None:
@@ -477,8 +483,11 @@ class Shadow(SampledPlans):
             if calls is not None and isinstance(res, (tuple, list)):  # only a multi-output call has siblings
                 calls[id(job.inputs)] = res
         job.ref = res[job.out_index] if isinstance(res, (tuple, list)) else res
+        if job.magnitude_offset:
+            job.magnitude = res[job.out_index + job.magnitude_offset]
         if self.cuts(job):
-            self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0))
+            self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0),
+                         None if job.magnitude is None else job.magnitude.unsqueeze(0))
 
     def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
         """One float64 call for ``jobs`` (one key): their references stacked, or None (nothing done) when the

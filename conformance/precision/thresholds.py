@@ -166,6 +166,10 @@ def thresholds_summary() -> Dict[str, object]:
                      "allow_tf32, on by default, torch.backends.cuda.matmul.allow_tf32) is judged at rtol 5e-3 "
                      "(PyTorch's TF32 test tolerance): the kernel rounds its inputs to TF32 where the float64 shadow "
                      "does not see it",
+        "attention_backward_rule": "an attention backward's gradients (local): shadowed by the float64 math "
+                                   "gradients on the kernel's own inputs (D = rowsum(dO * out) of the forward output "
+                                   "it was given), element scale at least the products' magnitudes |scale|*|dS||K|, "
+                                   "|scale|*|dS|^T|Q|, P^T|dO| (dS cancels; the kernel rounds P and dS)",
         "mismatch_fraction": MISMATCH_FRACTION,
         "local_rule": "element rule at the least precise operand dtype; exceeds if NaN/Inf mismatch "
                       "or mismatch fraction > 1e-3",

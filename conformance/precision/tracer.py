@@ -394,7 +394,8 @@ class StepTracer(TorchDispatchMode):
             rec.sampling = job.how
             thr = rec.threshold
             target, ref = real_view(job.target), real_view(job.ref)  # a complex op's shadow is complex128
-            q = StatsRequest(target, ref, target.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction")
+            q = StatsRequest(target, ref, target.dtype, thr["rtol_eff"], thr["atol"], thr["class"] == "reduction",
+                             magnitude=job.magnitude)
             self._pending.append((rec, "local", q))
             if early:
                 self._hold(q, "target")
