@@ -8,12 +8,12 @@
 # Writes $OUT/audit-cuda-autocast-script.tgz (the audit folder: audit.json, audit.md, audit.html, audit.sarif,
 # trace.json, stdout.txt, exit_code.txt, env.json, gpus.csv; unpack it under reports/h200/),
 # $OUT/audit-cuda-fixtures.tgz (one audit folder per fixture), $OUT/precision-cuda-cnn.{json,md},
-# $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
+# $OUT/attention-tolerance-cuda.json, $OUT/bench_program_sections_cuda.json, $OUT/bench_program_sections_profile_cuda.json,
 # $OUT/bench_precision_cuda_{tiny,gpt2small}.json, $OUT/bench_profiler_configs_cuda.json and
 # $OUT/h200_program_sections.log. Carried wheels in .whl/ are installed first: the image lacks stevedore and
 # jsonschema (carry ../shared/device/prepare-wheels.sh stevedore==5.10.0 jsonschema==4.26.0
 # jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 liger-kernel==0.8.5).
-# H200_STEPS=tests,audit,fixtures,precision-cnn,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps
+# H200_STEPS=tests,audit,fixtures,precision-cnn,attention,bench,profile-repeats,steady-tiny,steady-gpt2,profiler picks steps
 # (default: all). The exit status is the number of failed steps.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -72,6 +72,11 @@ if want precision-cnn; then
   step "precision: the cnn model on cuda against float64"
   run 150 $PY -m hal.conformance.precision --model cnn --device cuda --steps 3 --calibrate-with cpu --checkpoint-to cpu \
       --out "$OUT/precision-cuda-cnn.json"
+fi
+
+if want attention; then
+  step "the local rule on the device's fused attention backward (flash, efficient; bf16, fp16; flat to peaked)"
+  run 120 $PY benchmarks/study_attention_tolerance.py --device cuda --json "$OUT/attention-tolerance-cuda.json"
 fi
 
 if want bench; then
