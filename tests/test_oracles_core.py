@@ -110,6 +110,34 @@ def test_an_unshadowed_op_over_its_threshold_is_first_seen_not_introduced():
     assert fd["kind"] == "introduced" and "note" not in fd
 
 
+def test_a_linear_reduction_over_tolerance_within_its_terms_errors_cancelled():
+    """A sum of K terms off by e each is off by at most K e (a mean by e): over tolerance with its inputs within and
+    its own error within, it cancelled when its error is under twice that; past it, or for an op that is no linear
+    reduction, or with an input not compared against the reference run, it amplified."""
+    from hal.conformance.precision.compare import CANCELLATION_SLACK
+
+    def rows(op, out_err, in_err=1e-3, k=4, out_index=0, in_total=True):
+        src = _op(0, "mm", local=False, total=False if in_total else None)
+        if in_total:
+            src.total["rms_abs"] = in_err
+        red = _op(1, op, local=False, total=True, inputs=[0])
+        red.out_index, red.threshold = out_index, dict(THR, k=k)
+        red.total["rms_abs"], red.local["rms_abs"] = out_err, 0.0
+        return [src, red]
+
+    bound = CANCELLATION_SLACK * 4 * 1e-3
+    assert classify(rows("sum", 0.99 * bound))[0] == ["ok", "cancelled"]
+    status, fd = classify(rows("sum", 1.01 * bound))
+    assert status == ["ok", "amplified"] and fd["kind"] == "amplified"
+    assert classify(rows("mean", 0.99 * CANCELLATION_SLACK * 1e-3))[0][1] == "cancelled"  # K does not count for a mean
+    assert classify(rows("mean", 1.01 * CANCELLATION_SLACK * 1e-3))[0][1] == "amplified"
+    assert classify(rows("native_layer_norm", 1e-4, out_index=1))[0][1] == "cancelled"  # the saved mean
+    assert classify(rows("native_layer_norm", 1e-4, out_index=0))[0][1] == "amplified"  # the normalised output
+    assert classify(rows("exp", 1e-4))[0][1] == "amplified"
+    assert classify(rows("sum", 1e-4, in_total=False))[0][1] == "amplified"
+    assert classify(rows("sum", 1e-4))[1] is None  # a cancelled op is never the first divergence
+
+
 def test_blame_none_when_nothing_exceeds_and_inherited_errors_are_not_blamed():
     status, fd = classify([_op(0, "a", local=False, total=False), _op(1, "b", local=False, total=False, inputs=[0])])
     assert fd is None and status == ["ok", "ok"]

@@ -46,6 +46,23 @@ def naive(tmp_path_factory):
     return _audit(out, str(NAIVE), "--device", "cpu", "--precision")
 
 
+def test_a_key_bias_gradient_that_cancels_to_zero_is_no_divergence(tmp_path):
+    """An attention key bias's gradient is zero in exact arithmetic (softmax is shift-invariant), rounding noise under
+    bfloat16 autocast: its backward ``sum`` and the gradient are far over tolerance against the float64 run with every
+    term within (an HF-style BERT loop's "largest divergence", status amplified). They are ``cancelled`` (within:
+    the error is what the terms' errors sum to) and the verdict passes; nothing else was over."""
+    r, doc = _audit(tmp_path, str(FIX / "precision" / "key_bias_attention.py"), "--device", "cpu", "--precision",
+                    "--steps", "2")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    p = doc["precision"]
+    off = {(m["kind"], m["module"], m["op"]): m["status"] for m in p["metrics"] if m["status"] != "ok"}
+    assert off == {("op", "KeyBiasAttention.k", "sum"): "cancelled",
+                   ("gradient", "KeyBiasAttention.k", "bias"): "cancelled"}, off
+    assert p["verdict"] == "pass" and p["first_divergence"] is None, p["summary"]
+    row = next(m for m in p["metrics"] if m["op"] == "sum" and m["module"] == "KeyBiasAttention.k")
+    assert row["phase"] == "backward" and float(row["total"]["rms_rel"]) > 1e6  # its reference is zero but rounding
+
+
 def test_naive_fp16_softmax_is_the_first_divergence(naive):
     r, doc = naive
     assert r.returncode == 0, r.stderr[-2000:]

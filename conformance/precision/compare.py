@@ -20,7 +20,10 @@ Blame (``first_divergence``): in execution order, the first op whose output exce
 while every recorded producer of its inputs was within tolerance, and whose float64 shadow
 confirms the error is its own (``kind="introduced"``). If none qualifies, the first op whose own
 error exceeds with inputs already off (``introduced``, ``inputs_within=False``), then the first op
-that merely amplified in-tolerance inputs beyond tolerance (``kind="amplified"``). An op that could
+that merely amplified in-tolerance inputs beyond tolerance (``kind="amplified"``). A linear reduction (a sum, a mean,
+a norm's saved mean) cannot amplify: over tolerance with in-tolerance inputs and its own error within, and its error
+within what its inputs' errors sum to, its result cancelled (status ``cancelled``, within tolerance:
+:func:`cancelled`). An op that could
 not be shadowed (``local`` None) and exceeds against the reference run with in-tolerance (or
 unrecorded) inputs is where the error is first seen (``kind="first-seen"``, with a ``note``), not
 proof that it introduced it. Only an ``introduced`` divergence fails the verdict.
@@ -176,12 +179,60 @@ def _overflowed(rec: OpRecord) -> bool:
     return bool(bad) and all(s["nan_inf_mismatch"] > 0 for s in bad)
 
 
+#: linear reductions, by op, and the output of each that is one (a norm's saved mean): their error is the sum (or the
+#: mean) of their terms' errors, whatever the terms
+LINEAR_REDUCTIONS = {"sum": 0, "mean": 0, "native_layer_norm": 1, "native_group_norm": 1, "native_batch_norm": 1}
+#: room for the sampled estimates of :func:`cancelled`'s bound (each side's RMS is measured on a sample)
+CANCELLATION_SLACK = 2.0
+
+
+def cancelled(rec: OpRecord, records: Sequence[OpRecord]) -> bool:
+    """Whether ``rec``, over tolerance against the reference run, is a linear reduction (:data:`LINEAR_REDUCTIONS`)
+    whose error is within what its inputs' errors make: RMS error at most ``CANCELLATION_SLACK x`` (K for a sum, 1 for
+    a mean) x the largest RMS error of its recorded inputs, plus its own. By Cauchy-Schwarz a sum of K terms each
+    off by e is off by at most K e (a mean by e): its relative error can grow only because its result is small
+    against its terms. An HF BERT loop's key-bias gradient (a sum exactly zero in exact arithmetic: rms_rel 1e13) and a
+    LayerNorm's saved mean of near-zero-mean rows (rms_rel 0.031 > 0.016) were "amplified" so. False when an input
+    was not compared against the reference run (no error to bound with)."""
+    if (LINEAR_REDUCTIONS.get(rec.op) != rec.out_index or rec.total is None or rec.total["nan_inf_mismatch"]
+            or not rec.inputs):
+        return False
+    errs = [records[p].total for p in rec.inputs]
+    if any(e is None for e in errs):
+        return False
+    terms = rec.threshold.get("k", 1) if rec.op == "sum" else 1
+    own = rec.local["rms_abs"] if rec.local is not None else 0.0
+    bound = CANCELLATION_SLACK * terms * max(e["rms_abs"] for e in errs) + own
+    return rec.total["rms_abs"] <= bound
+
+
+def mark_cancelled_tensors(rows: List[Dict[str, Any]], grad_producers: Dict[str, Optional[int]],
+                           records: Sequence[OpRecord], status: Sequence[str]) -> None:
+    """Status ``cancelled`` for the gradient rows over threshold whose gradient is the output of an op whose result
+    cancelled (:func:`cancelled`), or a cast of one (autocast's, to a float32 parameter's dtype): the same values,
+    judged there; and for the parameter rows over threshold that such a gradient updated (their error is the
+    update's of that gradient). ``grad_producers``: parameter name -> the record index of its gradient
+    (:meth:`StepTracer.producer`); ``status``: the records' statuses. An attention key bias's gradient is zero in
+    exact arithmetic and rounding noise in 16 bits."""
+    def source(i: int) -> int:
+        while records[i].op == "_to_copy" and len(records[i].inputs) == 1:
+            i = records[i].inputs[0]
+        return i
+    names = {n for n, i in grad_producers.items() if i is not None and status[source(i)] == "cancelled"}
+    for r in rows:
+        name = r["op"] if r["module"] == "<root>" else f"{r['module']}.{r['op']}"
+        if r["kind"] in ("gradient", "parameter") and r["status"] == "exceeds" and name in names \
+                and not r["total"]["nan_inf_mismatch"]:
+            r["status"] = "cancelled"
+
+
 def classify(records: Sequence[OpRecord], scaled_overflow: bool = False
              ) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     """Status per record and the first divergence (see module docstring). ``scaled_overflow``: the step's
     GradScaler found Inf/NaN in the scaled gradients and skipped the step, so a backward op whose only fault is
     NaN/Inf is the loss scale's overflow, which the scaler exists to catch: status ``overflow``, counted as within
-    tolerance (never the first divergence)."""
+    tolerance (never the first divergence). A linear reduction whose result cancelled (:func:`cancelled`): status
+    ``cancelled``, within tolerance too."""
     within: List[bool] = []
     status: List[str] = []
     tier1 = tier2 = tier3 = None
@@ -207,6 +258,9 @@ def classify(records: Sequence[OpRecord], scaled_overflow: bool = False
                 tier1 = i
             elif tier2 is None:
                 tier2 = i
+        elif out_bad and inputs_ok and loc is False and cancelled(rec, records):
+            within[-1] = True
+            st = "cancelled"
         elif out_bad and inputs_ok:
             st = "amplified" if loc is False else "exceeds"
             if loc is None and tier1 is None:
@@ -326,12 +380,14 @@ def _compare_sides(target: _Side, ref: _Side, batches: Callable[[int], Tuple[Any
     rparams = dict(ref.model.named_parameters())
     rows += _tensor_rows("gradient", [(n, tparams[n].grad, rparams[n].grad) for n in tparams if n in rparams],
                          compute_dtype, max_elements)
+    grad_producers = {n: tgt_tracer.producer(p.grad) for n, p in tparams.items()}
     target.optimizer.step()
     ref.optimizer.step()
     rows += _tensor_rows("parameter", [(n, tparams[n].detach(), rparams[n].detach()) for n in tparams
                                        if n in rparams], compute_dtype, max_elements,
                          step_floor=max((float(g.get("lr", 0.0)) for g in target.optimizer.param_groups),
                                         default=0.0))
+    mark_cancelled_tensors(rows, grad_producers, tgt_tracer.records, status)
     rows += _tensor_rows("loss", [("loss", tgt_loss.reshape(1), ref_loss.reshape(1))],
                          compute_dtype, max_elements)
     lt, lr = [float(tgt_loss)], [float(ref_loss)]
@@ -361,7 +417,7 @@ def _verdict(out: Dict[str, Any], compute_dtype) -> Tuple[str, List[str]]:
         if big is not None:
             reasons.append(big)
     for kind in ("module", "gradient", "parameter", "loss"):
-        bad = [r for r in rows if r["kind"] == kind and r["status"] != "ok"]
+        bad = [r for r in rows if r["kind"] == kind and r["status"] not in ("ok", "cancelled")]
         if bad:
             reasons.append(f"{len(bad)} {kind} comparison(s) over threshold (first: {bad[0]['module']}"
                            f"{'.' + bad[0]['op'] if kind in ('gradient', 'parameter') else ''})")

@@ -126,7 +126,8 @@ class PrecisionResult:
         return "\n".join(lines) + "\n"
 
 
-_STATUS_ORDER = {"introduced": 0, "amplified": 1, "exceeds": 2, "inherited": 3, "overflow": 4, "ok": 5, "unchecked": 6}
+_STATUS_ORDER = {"introduced": 0, "amplified": 1, "exceeds": 2, "inherited": 3, "overflow": 4, "cancelled": 5, "ok": 6,
+                 "unchecked": 7}
 
 
 def _f(v):

@@ -469,6 +469,8 @@ class ProgramPrecision:
         self.top_forwards = 0
         self._top_outputs: "collections.deque[tuple]" = collections.deque(maxlen=64)
         self.grads: Dict[str, torch.Tensor] = {}
+        #: parameter name -> the tracer's record index of its gradient (:meth:`StepTracer.producer`), in the target
+        self.grad_producers: Dict[str, Optional[int]] = {}
         self.params: Dict[str, torch.Tensor] = {}
         self.grads_at_backward: Optional[int] = None
         self.lr = 0.0  # the largest learning rate of the optimizer that made the compared update (0: none known)
@@ -952,6 +954,8 @@ class ProgramPrecision:
         ``close``, close the window with ``why`` (if it is still open); the parameters follow after the update."""
         with self._internal():
             self.grads.update(self._samples([(name, p.grad) for name, p in named if p.grad is not None]))
+            if self.tracer is not None:
+                self.grad_producers.update((name, self.tracer.producer(p.grad)) for name, p in named)
             self.grads_at_backward = self.backwards
         self._pending_params = True
         self._awaiting_grads = False
@@ -1046,7 +1050,7 @@ class ProgramPrecision:
         return sorted(sh.homes) if sh is not None else None
 
     def _compare(self) -> dict:
-        from .compare import _record_row, _tensor_rows, classify
+        from .compare import _record_row, _tensor_rows, classify, mark_cancelled_tensors
         tr = self.tracer
         records = tr.records if tr is not None else []
         status, fd = classify(records, scaled_overflow=self.skipped_step)
@@ -1071,6 +1075,7 @@ class ProgramPrecision:
                 rows += _tensor_rows("gradient", pairs, compute, SCRIPT_MAX_ELEMENTS)
                 rows += _tensor_rows("parameter", [(n, p, ref.get("params", {}).get(n)) for n, p in self.params.items()],
                                      compute, SCRIPT_MAX_ELEMENTS, step_floor=self.lr)
+                mark_cancelled_tensors(rows, self.grad_producers, records, status)
             elif self.skipped_step or ref.get("skipped_step"):
                 who = ("the target's and the float64 reference's" if self.skipped_step and ref.get("skipped_step")
                        else "the target's (the float64 reference stepped)" if self.skipped_step

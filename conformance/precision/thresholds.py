@@ -170,6 +170,9 @@ def thresholds_summary() -> Dict[str, object]:
                                    "gradients on the kernel's own inputs (D = rowsum(dO * out) of the forward output "
                                    "it was given), element scale at least the products' magnitudes |scale|*|dS||K|, "
                                    "|scale|*|dS|^T|Q|, P^T|dO| (dS cancels; the kernel rounds P and dS)",
+        "cancellation_rule": "a linear reduction (sum, mean, a norm's saved mean) over tolerance with in-tolerance "
+                             "inputs and its own error within is 'cancelled' (within) when its RMS error is at most "
+                             "2 x (K for a sum, 1 for a mean) x its inputs' largest RMS error, plus its own",
         "mismatch_fraction": MISMATCH_FRACTION,
         "local_rule": "element rule at the least precise operand dtype; exceeds if NaN/Inf mismatch "
                       "or mismatch fraction > 1e-3",

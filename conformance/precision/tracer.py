@@ -519,6 +519,12 @@ class StepTracer(TorchDispatchMode):
         p = self._producer.get(id(t))
         return p is not None and p[0]() is t
 
+    def producer(self, t: Optional[torch.Tensor]) -> Optional[int]:
+        """The index in :attr:`records` of the op output ``t`` is (or a view or copy of: a parameter's ``.grad``,
+        which autograd's accumulation takes as it is), None when it is none or that output was not compared."""
+        p = self._producer.get(id(t)) if t is not None else None
+        return p[1] if p is not None and p[0]() is t and p[1] >= 0 else None
+
     # -- dispatch ---------------------------------------------------------------------------
     def _hold(self, holder: Any, slot: Any) -> None:
         """Queue-side of copy-on-write: ``holder``'s ``slot`` (an attribute name, or an index of a list) is
