@@ -32,7 +32,8 @@ import tempfile
 import traceback
 from typing import Any, Optional
 
-
+#: seconds an audited run may take when the request names no limit (``hal-audit --timeout``'s default)
+RUN_TIMEOUT_S = 600.0
 #: target kinds audited as a whole program (:func:`program_sections`): their sections come from the program's own steps
 PROGRAM_KINDS = ("script", "module", "notebook")
 #: optimizer steps (or forwards) of the precision runs of a program target when --steps is not given
@@ -244,7 +245,7 @@ def _program_spec(request: dict, workdir: str, name: str, run_device: str, steps
         target = os.path.abspath(path) + ":" + fn
     spec_path = os.path.join(workdir, f"{name}-spec.json")
     result_path = os.path.join(workdir, f"{name}-result.json")
-    timeout = request.get("timeout") or 600.0
+    timeout = request.get("timeout") or RUN_TIMEOUT_S
     spec = {"target": target, "kind": kind, "args": [str(a) for a in request.get("args") or []], "steps": steps,
             "timeout": timeout, "eval_loop_seconds": min(EVAL_LOOP_SECONDS, timeout / 4), "run_device": run_device,
             "redirect_cuda": run_device != "cuda", "result_path": result_path, "mode": kind,
@@ -394,7 +395,7 @@ def program_sections(request: dict, fallback_ops: list[str]) -> dict:
             with_peers, agreed = bool(rendezvous_env("profile")), True
             while len(crashes) < PROFILE_RETRIES:
                 mine = _crashed(res)
-                ranks = ranks_agree(len(crashes), mine, float(request.get("timeout") or 600.0)) if with_peers \
+                ranks = ranks_agree(len(crashes), mine, float(request.get("timeout") or RUN_TIMEOUT_S)) if with_peers \
                     else ([0] if mine else [])
                 if not ranks:  # none crashed (or, with peers, no agreement reached: not run again alone)
                     agreed = ranks is not None
@@ -570,7 +571,7 @@ def predicted_tf32(backend: str, rows: list, arch: Optional[int] = None) -> Opti
     none. A prediction, and it says so."""
     import torch
 
-    from hal.capabilities.tf32 import default_switch, tf32_rule
+    from hal.capabilities.tf32 import arch_gate, default_switch
     from hal.conformance.precision import thresholds as th
     from hal.conformance.precision.tracer import by_op
     seen: dict = collections.Counter()
@@ -582,9 +583,8 @@ def predicted_tf32(backend: str, rows: list, arch: Optional[int] = None) -> Opti
             switches.add(flag)
     if not seen:
         return None
-    need = (tf32_rule(backend) or {}).get("arch_min_major")
-    gate = "" if need is None else f" from architecture {need}" + ("" if arch is not None else " (--arch not given)")
-    return (f"predicted, not measured: {backend} computes float32 convolutions or matmuls in TF32 by default{gate} "
+    return (f"predicted, not measured: {backend} computes float32 convolutions or matmuls in TF32 by default"
+            f"{arch_gate(backend, arch)} "
             f"({', '.join(f'{s} = True' for s in sorted(switches))}): {sum(seen.values())} float32 op output(s) "
             f"compared here in float32 would run in TF32 there, with errors of TF32's order (rtol "
             f"{th.base_tolerance(th.TF32)[0]:g}, float32's is {th.base_tolerance(torch.float32)[0]:g}); by op: "

@@ -32,6 +32,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 SHAPE_SKIPS = ("need 2 devices",)
 
 
+def cuda_backend_missing() -> str:
+    """'' when HAL's CUDA backend is available here, else its own reason, prefixed "cuda:" (as
+    :func:`triton_gpu_missing`)."""
+    import hal
+    info = {i.name: i for i in hal.list_backends()}.get("cuda")
+    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
+
+
 def triton_gpu_missing() -> str:
     """'' when the Triton kernels can run here (torch.cuda and Triton; CuPy is not needed), else why not,
     prefixed "cuda:" so that HAL_REQUIRE_BACKENDS=cuda turns the skip into a failure."""

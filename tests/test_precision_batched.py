@@ -22,7 +22,7 @@ from hal.conformance.precision.tracer import StepTracer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hal
+from tests.conftest import cuda_backend_missing
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -305,13 +305,8 @@ def _traced_tower(device: str = "cpu"):
     return tr
 
 
-def _cuda_reason() -> str:
-    info = {i.name: i for i in hal.list_backends()}.get("cuda")
-    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+    bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-"))])
 def test_batched_shadows_equal_the_op_by_op_shadows(monkeypatch, device):
     monkeypatch.setattr(shadow, "_UNBATCHABLE", set())
     batched = _traced_tower(device)
@@ -503,7 +498,7 @@ def test_float64_shadows_stay_on_the_cpu_unless_the_device_computes_float64(monk
     assert "float64" not in MluBackend().native_dtypes((5, 0))
 
 
-@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+@pytest.mark.skipif(bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-")
 def test_on_cuda_shadows_run_on_the_device_unless_the_cpu_is_asked_for(monkeypatch):
     dev = torch.device("cuda", torch.cuda.current_device())
     monkeypatch.setenv(ENV_SHADOW_DEVICE, "cpu")
@@ -523,7 +518,7 @@ def test_on_cuda_shadows_run_on_the_device_unless_the_cpu_is_asked_for(monkeypat
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+    bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-"))])
 def test_a_script_targets_reference_samples_move_to_where_its_statistics_run(device):
     """At the first top-level forward the reference samples go, in one copy, to the float64 home of the
     program's device (CUDA: the GPU itself); on the CPU they are left as they are."""
@@ -607,7 +602,7 @@ def test_warm_statistics_takes_every_dtype_and_rule_once_per_device(monkeypatch)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    bool(_cuda_reason()), reason=_cuda_reason() or "-"))])
+    bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-"))])
 def test_samples_taken_together_equal_samples_taken_one_by_one(device):
     """``take_samples`` (one transfer per device and dtype: a script's gradients and parameters) gives each
     tensor's ``take_sample`` values, small and sampled, strided, empty and of mixed dtypes, and copies: writing a
@@ -749,7 +744,7 @@ class _Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+@pytest.mark.skipif(bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-")
 @pytest.mark.parametrize("max_elements", [None, 1024])
 @pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
 def test_on_cuda_device_attention_and_its_backward_are_shadowed(backend, max_elements):

@@ -292,7 +292,7 @@ def test_a_spectral_convolution_is_compared_in_complex128_and_its_complex_weight
     assert not [why for why in p["not_compared"] if "complex" in why], p["not_compared"]
     # measured on the CPU in float32; on the MLU the pointwise convolution runs in TF32 by default: said, as predicted
     assert p["tf32"].startswith("predicted, not measured: mlu computes float32 convolutions or matmuls in TF32 by "
-                                "default from architecture 5 (--arch not given) (torch.backends.cnnl.allow_tf32 = "
+                                "default from architecture 5 (architecture not given) (torch.backends.cnnl.allow_tf32 = "
                                 "True): 4 float32 op output(s)") and "by op: convolution_backward 3, convolution 1" \
         in p["tf32"], p["tf32"]
     assert "  TF32: predicted, not measured: mlu" in r.stdout

@@ -19,6 +19,7 @@ from hal.capabilities import tf32
 from hal.conformance.precision import thresholds as th
 from hal.conformance.precision.compare import compare_module
 from hal.conformance.workload_audit import predicted_tf32
+from tests.conftest import cuda_backend_missing
 
 
 @pytest.fixture
@@ -157,13 +158,7 @@ def test_contract_ops_run_in_tf32_are_judged_in_tf32_and_so_is_what_they_feed(mo
     assert res["verdict"] == plain["verdict"] == "pass"
 
 
-def _cuda_reason() -> str:
-    import hal
-    info = {i.name: i for i in hal.list_backends()}.get("cuda")
-    return "" if info is not None and info.available else f"cuda: {info.reason if info else 'backend not installed'}"
-
-
-@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "-")
+@pytest.mark.skipif(bool(cuda_backend_missing()), reason=cuda_backend_missing() or "-")
 def test_a_tf32_convolution_on_the_gpu_passes_in_tf32_and_the_same_in_float32_passes_as_float32(flags):
     """On an H100, float32 convolutions failed the comparison (the cnn model: mismatch_frac 0.94 at float32's
     tolerance): cuDNN ran them in TF32, PyTorch's default. Judged in TF32 they pass; with the switch off they run and

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from hal.capabilities.tf32 import default_switch, tf32_family, tf32_rule
+from hal.capabilities.tf32 import arch_gate, default_switch, tf32_family
 
 MLU_64BIT_NOTE = "{dt} is computed as {to} on MLU (torch_mlu casts 64-bit tensors to 32-bit silently)"
 _64BIT = {"float64": "float32", "complex128": "complex64"}
@@ -162,9 +162,7 @@ def precision_notes(backend: str, op: str, dtypes: list[str], arch: Optional[int
     flag = default_switch(backend, op, arch) if "float32" in dtypes else None
     if flag is None:
         return []
-    need = (tf32_rule(backend) or {}).get("arch_min_major")
-    gate = "" if need is None else f" on architecture >= {need}" + ("" if arch is not None else " (architecture not given)")
-    return [f"float32 {tf32_family(op)} runs in TF32 by default on {backend}{gate} ({flag}=True): precision "
+    return [f"float32 {tf32_family(op)} runs in TF32 by default on {backend}{arch_gate(backend, arch)} ({flag}=True): precision "
             "like cuDNN's TF32 convolutions (predicted, not measured)"]
 
 

@@ -47,6 +47,16 @@ def tf32_rule(device_type: str) -> Optional[dict]:
         return None
 
 
+def arch_gate(device_type: str, arch: Optional[int]) -> str:
+    """The phrase a TF32 prediction for ``device_type`` adds when its rule holds only from an architecture on:
+    ``" from architecture N"``, and ``" (architecture not given)"`` after it when ``arch`` is None; '' for a rule
+    without a gate (or no rule)."""
+    need = (tf32_rule(device_type) or {}).get("arch_min_major")
+    if need is None:
+        return ""
+    return f" from architecture {need}" + ("" if arch is not None else " (architecture not given)")
+
+
 @functools.lru_cache(maxsize=None)
 def _arch_major(device: torch.device) -> Optional[int]:
     module = getattr(torch, device.type, None)
