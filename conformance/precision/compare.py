@@ -311,11 +311,12 @@ LARGEST = "largest divergence: "
 
 
 def largest_divergence(rows: Sequence[Dict[str, Any]], fd: Dict[str, Any]) -> Optional[str]:
-    """``"largest divergence: MODULE:OP STATUS (METRIC VALUE > LIMIT)"`` (``<`` for the cosine): of the op rows where an error arises or grows
-    beyond tolerance (status ``introduced``, ``amplified`` or ``exceeds``), the one furthest over its limit, when that
-    is not the first divergence ``fd`` (``rows`` in record order, as ``fd["index"]`` counts); else None. The first
-    divergence can be an op just over its threshold well before the op that makes the loss differ
-    (pytorch/examples siamese_network: a batch norm at 1.1x its limit, then BCELoss at 68,000x)."""
+    """``"largest divergence: MODULE:OP STATUS (METRIC VALUE > LIMIT)"`` (``<`` for the cosine): of the op rows
+    where an error arises or grows beyond tolerance (status ``introduced``, ``amplified`` or ``exceeds``), the one
+    furthest over its limit, when that is not the first divergence ``fd`` (``rows`` in record order, as
+    ``fd["index"]`` counts); else None. The first divergence can be an op just over its threshold well before the op
+    that makes the loss differ (pytorch/examples siamese_network: a batch norm at 1.1x its limit, then BCELoss at
+    68,000x)."""
     best, best_i, best_ratio = None, None, 1.0
     for i, r in enumerate(rows):
         if r.get("kind") != "op" or r.get("status") not in ("introduced", "amplified", "exceeds"):

@@ -308,9 +308,7 @@ class Shadow(SampledPlans):
             if job is not None:
                 return job
         elif name in ATTENTION_BACKWARD:
-            job = self._attention_backward(func, name, args, kwargs, out, out_index, home)
-            if job is not None:
-                return job
+            return self._attention_backward(func, name, args, kwargs, out, out_index, home)
         if name == "mkldnn_rnn_layer":  # oneDNN has no float64: a float64 call of it only raises
             return self._math_form(func, name, args, kwargs, out, out_index, home, lstm_layer_call)
         if name == "mkldnn_rnn_layer_backward":
