@@ -897,10 +897,13 @@ def test_a_rank_whose_profile_run_crashed_runs_it_again_with_its_peers(tmp_path)
     rc = [int((tmp_path / f"rc-{rank}").read_text()) for rank in (0, 1)]
     prof = [json.loads((tmp_path / f"out-{rank}" / "audit.json").read_text())["profile"] for rank in (0, 1)]
     assert rc == [0, 0], (rc, (tmp_path / "stdout-1").read_text()[-2000:])
-    assert [int((tmp_path / f"runs-{rank}").read_text()) for rank in (0, 1)] == [3, 3]  # capture, profile, retry
+    # capture, profile (rank 1's crashes), the retry; a real torch.profiler crash in the retry (torch 2.4.1's CI leg:
+    # [4, 4] once) makes the ranks run the second retry, together too
+    runs = [int((tmp_path / f"runs-{rank}").read_text()) for rank in (0, 1)]
+    assert runs[0] == runs[1] and runs[0] in (3, 4), runs
     for p in prof:
         assert p.get("verdict") != "error" and p["step_ms"]["median"] > 0 and p["run"]["status"] == "ok", p
-    assert "1 profiled run(s) crashed before this one" in prof[1]["not_measured"][-1] \
+    assert f"{runs[0] - 2} profiled run(s) crashed before this one (" in prof[1]["not_measured"][-1] \
         and "SIGSEGV" in prof[1]["not_measured"][-1], prof[1]["not_measured"]
     assert "rank(s) 1 crashed: run again with them" in prof[0]["not_measured"][-1], prof[0]["not_measured"]
 
@@ -946,6 +949,17 @@ def test_section_runs_of_ranks_audited_one_by_one_meet_at_a_rendezvous_of_their_
     assert wa.rendezvous_env("precision-target", {"WORLD_SIZE": "2"}) == {}
 
 
+def _tail(audit_json) -> str:
+    """What a rank's audit said of its run and its sections (their verdicts, errors and notes), for an assertion's
+    message."""
+    if not audit_json.exists():
+        return f"{audit_json}: not written"
+    doc = json.loads(audit_json.read_text())
+    parts = {k: {kk: (doc.get(k) or {}).get(kk) for kk in ("verdict", "status", "error", "note", "not_measured")}
+             for k in ("precision", "profile")}
+    return f"{audit_json.parent.name}: run {(doc.get('run') or {}).get('status')} {json.dumps(parts)[:1500]}"
+
+
 @pytest.mark.parametrize("fixture", ["ddp_torchrun.py", "tensor_parallel_torchrun.py"])
 def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_rank(tmp_path, fixture):
     """``torchrun --nproc-per-node 2 --no-python sh -c 'hal-audit train.py --precision --profile --out out-$RANK'``
@@ -965,7 +979,9 @@ def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_ran
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         "--no-python", "sh", "-c", audit], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert p.returncode == 0, p.stderr[-3000:]
+    # each rank's own summary says which section it could not produce (torchrun's stderr names only the exit codes:
+    # both ranks exited 3 once in torch 2.4.1's CI leg, not reproduced in 3 quiet runs)
+    assert p.returncode == 0, "\n".join(_tail(tmp_path / f"out-{rank}" / "audit.json") for rank in (0, 1))
     tensor_parallel = fixture.startswith("tensor_parallel")
     for rank in (0, 1):
         doc = json.loads((tmp_path / f"out-{rank}" / "audit.json").read_text())
