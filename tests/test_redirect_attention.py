@@ -3,8 +3,6 @@ rank's local tensors (DTensor has no sharding strategy for the CPU flash kernel)
 mesh against attention over the full tensors: outputs and gradients equal; a sequence-sharded layout is left to
 SDPA itself."""
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +23,10 @@ def _rank(rank: int, port: str, out: str) -> None:
         from torch.distributed._tensor import Shard, distribute_tensor
 
     from hal.conformance.runtime.redirect import headwise_attention
+    # torch 2.4.1's gloo group joins its threads in its destructor holding the GIL, while a thread may still be
+    # freeing a collective's tensors, which needs it: a hang (seen here in CI, rank 0 in ~ProcessGroupGloo). The
+    # audit's own mechanism (conformance.runtime.process_groups) lets the group go once its threads have settled
+    patches = process_groups.install()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         mesh = DeviceMesh("cpu", [0, 1])
@@ -45,13 +47,7 @@ def _rank(rank: int, port: str, out: str) -> None:
                         "grads": max((g - x.grad).abs().max().item() for g, x in zip(grads, (q, k, v))),
                         "head_sharded": [p.is_shard(1) for p in got.placements], "seq_left": left is None}, out)
     finally:
-        # torch 2.4.1's gloo group joins its threads in its destructor holding the GIL, while a thread may still be
-        # freeing a collective's tensors, which needs it: a hang (seen here in CI, rank 0 in ~ProcessGroupGloo). As
-        # the audit does (conformance.runtime.process_groups), the group goes once its threads have settled
-        world = dist.group.WORLD
-        dist.destroy_process_group()
-        time.sleep(process_groups.SETTLE_S)
-        del world
+        process_groups.remove(patches)  # destroys the group, held until its threads settled
 
 
 def test_attention_over_head_sharded_dtensors_equals_attention_over_the_full_tensors(tmp_path):
