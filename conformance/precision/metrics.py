@@ -335,13 +335,17 @@ def _fill_padded(xs: List[torch.Tensor], lens: List[int], out: torch.Tensor) -> 
         k = j
 
 
+#: tensors flattened and joined into one 1-D tensor in C++ (DDP's bucket helper): one call, whatever their number
+flatten_join = torch._C._nn.flatten_dense_tensors
+
+
 def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[torch.Tensor] = None,
                     longest: Optional[int] = None) -> torch.Tensor:
     """The matrix of :func:`_padded` in ``xs``' dtype (one) and device, ``longest`` wide (default: the longest
     row): one concatenation and one masked scatter, whatever their number (a copy per row would be a launch per
-    row on a device)."""
-    flat = [x.detach().reshape(-1) for x in xs]
-    cat = flat[0] if len(flat) == 1 else torch.cat(flat)
+    row on a device; the rows are flattened and joined in one C++ call, not two Python calls a row)."""
+    with torch.no_grad():  # the program's tensors may require grad
+        cat = xs[0].reshape(-1) if len(xs) == 1 else flatten_join(xs)
     longest = max(lens) if longest is None else longest
     if all(n == longest for n in lens):
         return cat.view(len(lens), longest)

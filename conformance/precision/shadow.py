@@ -51,7 +51,7 @@ from .attention import (
 )
 from .blocks import UnshadowedError
 from .job import ShadowJob
-from .metrics import DEFAULT_MAX_ELEMENTS, to_home
+from .metrics import DEFAULT_MAX_ELEMENTS, flatten_join, to_home
 from .recurrent import lstm_layer_backward_call, lstm_layer_call
 from .sampled import SampledPlans, is_pointwise
 
@@ -99,6 +99,12 @@ def _widen(x):
     return x
 
 
+#: inputs of at most this many elements are upcast together (:meth:`UpcastCache.prefetch`); a larger one alone, its
+#: cast's own time far above a call's
+PREFETCH_MAX_ELEMENTS = 1 << 16
+_unflatten_dense_tensors = torch._C._nn.unflatten_dense_tensors
+
+
 class UpcastCache:
     """float64 copies of tensors on their :func:`float64_home`, LRU-bounded by ``max_bytes``."""
 
@@ -109,12 +115,18 @@ class UpcastCache:
         self.hits = 0
         self.misses = 0
 
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        """``t``'s cache key (raises RuntimeError or NotImplementedError for a tensor without data). data_ptr() is
+        the storage's plus the offset; shape (a torch.Size) and stride() are tuples already."""
+        return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
+
     def get(self, t: torch.Tensor) -> torch.Tensor:
         home = float64_home(t.device)
         if t.dtype == _F64 and t.device == home:
             return t
-        try:  # data_ptr() is the storage's plus the offset; shape (a torch.Size) and stride() are tuples already
-            key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
+        try:
+            key = self._key(t)
         except (RuntimeError, NotImplementedError):
             return to_home(t, home, _F64)
         hit = self._d.get(key)
@@ -124,6 +136,10 @@ class UpcastCache:
             return hit[1]
         self.misses += 1
         up = to_home(t, home, _F64)
+        self._put(key, t, up)
+        return up
+
+    def _put(self, key: tuple, t: torch.Tensor, up: torch.Tensor) -> None:
         nbytes = up.numel() * 8
         if nbytes <= self.max_bytes // 4:
             self._d[key] = (t, up)
@@ -131,7 +147,31 @@ class UpcastCache:
             while self._bytes > self.max_bytes and self._d:
                 _, (_, old) = self._d.popitem(last=False)
                 self._bytes -= old.numel() * 8
-        return up
+
+    def prefetch(self, tensors) -> None:
+        """Cache the float64 copies of the floating tensors among ``tensors`` that are not cached yet and have at
+        most :data:`PREFETCH_MAX_ELEMENTS` elements, made together: per device and dtype one C++ flatten-and-join,
+        one cast on their home, and views of it (a few calls for a step's hundred small inputs, not one cast each:
+        on a device, one launch each). The views are contiguous copies of the values (a transposed input's too);
+        they hold their shared buffer until all of them are dropped. A counted miss each, as :meth:`get`'s."""
+        groups: Dict[tuple, Dict[tuple, torch.Tensor]] = {}
+        for t in tensors:
+            if not t.is_floating_point() or t.layout != torch.strided or not 0 < t.numel() <= PREFETCH_MAX_ELEMENTS:
+                continue
+            try:
+                key = self._key(t)
+            except (RuntimeError, NotImplementedError):
+                continue
+            if key not in self._d and not (t.dtype == _F64 and t.device == float64_home(t.device)):
+                groups.setdefault((t.device, t.dtype), {})[key] = t
+        for (device, _), by_key in groups.items():
+            if len(by_key) < 2:  # get() makes it alone
+                continue
+            ts = list(by_key.values())
+            flat = to_home(flatten_join(ts), float64_home(device), _F64)
+            for key, t, up in zip(by_key, ts, _unflatten_dense_tensors(flat, ts)):
+                self.misses += 1
+                self._put(key, t, up)
 
     def clear(self) -> None:
         self._d.clear()
@@ -431,10 +471,12 @@ class Shadow(SampledPlans):
     def _finish(self, jobs: List[ShadowJob], targets: torch.Tensor, refs: torch.Tensor,
                 magnitudes: Optional[torch.Tensor] = None) -> None:
         cut = self.finish(jobs, targets, refs, *(() if magnitudes is None else (magnitudes,)))
+        # each job's row of each: one unbind (its views made in C++), not an index call per job and tensor
+        rows = [c.unbind(0) for c in cut]
         for g, j in enumerate(jobs):
-            j.target, j.ref = cut[0][g], cut[1][g]
+            j.target, j.ref = rows[0][g], rows[1][g]
             if magnitudes is not None:
-                j.magnitude = cut[2][g]
+                j.magnitude = rows[2][g]
 
     # -- computing planned jobs -------------------------------------------------------------------
     def flush(self, jobs: List[ShadowJob], batched: bool = True) -> None:
@@ -449,16 +491,23 @@ class Shadow(SampledPlans):
         for j in jobs:
             batchable = batched and j.key is not None and j.key[0] not in _UNBATCHABLE
             groups.setdefault(j.key if batchable else id(j), []).append(j)
+        parts = []  # (jobs, their direct batched form or None, whether they may run as one call)
         for js in groups.values():
             per = max(1, BATCH_BYTES // max(1, 8 * sum(x.numel() for x in js[0].inputs)))
             for s in range(0, len(js), per):
                 part = js[s:s + per]
-                refs = self._run_batched(part) if len(part) > 1 else None
-                if refs is not None:
-                    self._finish(part, torch.stack([j.target for j in part]), refs)
-                    continue
-                for j in part:
-                    self._run_one(j, calls=calls)
+                direct = _direct_form(part[0]) if len(part) > 1 else None
+                parts.append((part, direct, len(part) > 1 and (direct is not None or len(part) >= VMAP_MIN_GROUP)))
+        # the inputs of the jobs that run one by one, upcast together (a batched call stacks its own)
+        self.cache.prefetch(x for part, _, one_call in parts if not one_call for j in part if not j.shared
+                            for x in j.inputs)
+        for part, direct, one_call in parts:
+            refs = self._run_batched(part, direct) if one_call else None
+            if refs is not None:
+                self._finish(part, torch.stack([j.target for j in part]), refs)
+                continue
+            for j in part:
+                self._run_one(j, calls=calls)
         for j in jobs:
             j.inputs = []
 
@@ -487,14 +536,11 @@ class Shadow(SampledPlans):
             self._finish([job], job.target.unsqueeze(0), job.ref.unsqueeze(0),
                          None if job.magnitude is None else job.magnitude.unsqueeze(0))
 
-    def _run_batched(self, jobs: List[ShadowJob]) -> Optional[torch.Tensor]:
-        """One float64 call for ``jobs`` (one key): their references stacked, or None (nothing done) when the
-        op has no batched form here (:func:`_direct_form`, else vmap for groups of ``VMAP_MIN_GROUP`` or
-        more) or the batched call fails."""
+    def _run_batched(self, jobs: List[ShadowJob], direct) -> Optional[torch.Tensor]:
+        """One float64 call for ``jobs`` (one key, at least two; ``direct``: their :func:`_direct_form`, else vmap,
+        for groups of ``VMAP_MIN_GROUP`` or more): their references stacked, or None (nothing done) when the batched
+        call fails."""
         j0 = jobs[0]
-        direct = _direct_form(j0)
-        if direct is None and len(jobs) < VMAP_MIN_GROUP:
-            return None
         try:
             stacked = [torch.stack([j.inputs[k] for j in jobs]) for k in range(len(j0.inputs))]
             stacked = [to_home(x, j0.home, _widen(x.dtype)) for x in stacked]
