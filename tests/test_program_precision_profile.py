@@ -998,3 +998,26 @@ def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_ran
             assert "all_reduce" not in {m["op"] for m in prec["metrics"]}
         assert prof.get("verdict") != "error" and prof["step_ms"]["median"] > 0, prof
         assert not prof["not_measured"] and not prof["errors"], (prof["not_measured"], prof["errors"])
+
+
+@pytest.mark.parametrize("lengths", [(0, 1, 5), (96, 97, 98), (1000, 194, 3)])
+def test_the_data_order_fingerprint_is_its_definition_and_sees_order(lengths):
+    """The fingerprint that checks both runs start from the same weights and read the same data: count, sum and
+    the weighted sum sum_i (i + 1) sum_j v_ij ((j + 1) mod 97), written out here; a permutation of one tensor's
+    values changes it, equal values in another dtype do not."""
+    from hal.conformance.precision.script import _fingerprint, same_fingerprint
+    g = torch.Generator().manual_seed(sum(lengths))
+    ts = [torch.randn(n, generator=g) * 10 for n in lengths] + [torch.arange(7).view(7, 1)]
+    s = w = 0.0
+    for i, t in enumerate(ts):
+        for j, x in enumerate(t.reshape(-1).tolist()):
+            s += x
+            w += (i + 1) * x * ((j + 1) % 97)
+    got = _fingerprint(ts)
+    assert got[0] == len(ts) and got[1] == pytest.approx(s, rel=1e-12, abs=1e-9)
+    assert got[2] == pytest.approx(w, rel=1e-12, abs=1e-9)
+    assert same_fingerprint(got, _fingerprint([t.double() for t in ts]))
+    longest = max(range(len(lengths)), key=lambda k: lengths[k])
+    shuffled = list(ts)
+    shuffled[longest] = ts[longest].flip(0)
+    assert not same_fingerprint(got, _fingerprint(shuffled))
