@@ -112,13 +112,18 @@ def test_ulps_of_tiny_references_count_from_the_formats_smallest_normal():
 @settings(max_examples=25, deadline=None)
 @given(_requests)
 def test_a_devices_queued_statistics_equal_the_cpus(reqs):
-    """On a device the statistics take the masked path without the finiteness test's synchronisation, and every
-    matrix's results are read after all are queued: run that way on the CPU, they equal the CPU's own."""
+    """On a device the statistics take the masked path without the finiteness test's synchronisation, lay out their
+    matrices by one join and masked scatter per dtype (:func:`metrics._padded_runs`), and read every matrix's results
+    after all are queued: run that way on the CPU, they equal the CPU's own, also for targets that require grad (the
+    program's outputs, judged after the step: its device layout once kept their grad, and the statistics failed)."""
     want = error_stats_many(reqs)
+    import dataclasses
     import unittest.mock
-    with unittest.mock.patch.object(metrics, "_queued", lambda dev: True):
-        got = error_stats_many(reqs)
-    assert all(_same(a, b) for a, b in zip(want, got))
+    graded = [dataclasses.replace(q, target=q.target.detach().requires_grad_()) for q in reqs]
+    with unittest.mock.patch.object(metrics, "_queued", lambda dev: True), unittest.mock.patch.object(
+            metrics, "_padded", lambda xs, lens, home, lengths, slot: metrics._padded_runs(xs, lens, home, lengths)):
+        got, got_graded = error_stats_many(reqs), error_stats_many(graded)
+    assert all(_same(a, b) and _same(a, c) for a, b, c in zip(want, got, got_graded))
 
 
 @given(st.lists(st.tuples(st.one_of(st.integers(1, 40), st.sampled_from([8, 40])), st.sampled_from(_DTYPES),

@@ -344,8 +344,10 @@ def _padded_scatter(xs: List[torch.Tensor], lens: List[int], lengths: Optional[t
     """The matrix of :func:`_padded` in ``xs``' dtype (one) and device, ``longest`` wide (default: the longest
     row): one concatenation and one masked scatter, whatever their number (a copy per row would be a launch per
     row on a device; the rows are flattened and joined in one C++ call, not two Python calls a row)."""
-    with torch.no_grad():  # the program's tensors may require grad
-        cat = xs[0].reshape(-1) if len(xs) == 1 else flatten_join(xs)
+    # the program's tensors may require grad: one row is detached (a view made under no_grad would still require it),
+    # the joined rows are a new tensor made under no_grad
+    with torch.no_grad():
+        cat = xs[0].detach().reshape(-1) if len(xs) == 1 else flatten_join(xs)
     longest = max(lens) if longest is None else longest
     if all(n == longest for n in lens):
         return cat.view(len(lens), longest)
