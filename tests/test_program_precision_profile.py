@@ -1008,6 +1008,7 @@ def test_the_data_order_fingerprint_is_its_definition_and_sees_order(lengths):
     from hal.conformance.precision.script import _fingerprint, same_fingerprint
     g = torch.Generator().manual_seed(sum(lengths))
     ts = [torch.randn(n, generator=g) * 10 for n in lengths] + [torch.arange(7).view(7, 1)]
+    ts.append(torch.randn(200, 3, generator=g, dtype=torch.float64)[:, 1])  # float64 and strided: not copied
     s = w = 0.0
     for i, t in enumerate(ts):
         for j, x in enumerate(t.reshape(-1).tolist()):
