@@ -1022,3 +1022,14 @@ def test_the_data_order_fingerprint_is_its_definition_and_sees_order(lengths):
     shuffled = list(ts)
     shuffled[longest] = ts[longest].flip(0)
     assert not same_fingerprint(got, _fingerprint(shuffled))
+    # inside torch.func's transforms (a per-sample-gradient program's forward): each sample's values, a weight closed
+    # over as it is
+    inside = []
+    weight = ts[-2]
+
+    def loss(x):
+        inside.append(_fingerprint([x, weight]))
+        return (x * x).sum()
+    rows = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    torch.func.vmap(torch.func.grad(loss))(rows)
+    assert len(inside) == 1 and inside[0][0] == 2  # vmap traces the function once, on the batch

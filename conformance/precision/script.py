@@ -397,9 +397,9 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
             cols[:n - whole] += v[whole:]  # the tail's element j sits where j mod 97 says
             weights = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.float64, device=v.device).remainder_(
                 FINGERPRINT_PERIOD)
-            both = torch.stack([cols.sum(), cols.dot(weights)]).tolist()
-            s += both[0]
-            w += both[1] * (i + 1)
+            # float() each: under torch.func's grad, torch 2.4's tolist() of a stacked pair failed (no storage)
+            s += float(cols.sum())
+            w += float(cols.dot(weights)) * (i + 1)
     return [float(len(ts)), s, w]
 
 
