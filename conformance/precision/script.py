@@ -385,6 +385,7 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
     per 10M parameters on the CPU. Two calls on equal values agree to float64's rounding (summation orders differ
     between devices: compare with :func:`same_fingerprint`)."""
     s = w = 0.0
+    weights: Dict[torch.device, torch.Tensor] = {}  # (j + 1) mod 97 for j < 97, made once per device, not per tensor
     for i, t in enumerate(ts):
         for part in strided_parts(plain_values(t).detach()):  # a DTensor: this rank's shard; under vmap: the batch
             v = part.reshape(-1)
@@ -395,11 +396,12 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
             whole = n - n % FINGERPRINT_PERIOD
             cols = v[:whole].view(-1, FINGERPRINT_PERIOD).sum(0)
             cols[:n - whole] += v[whole:]  # the tail's element j sits where j mod 97 says
-            weights = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.float64, device=v.device).remainder_(
-                FINGERPRINT_PERIOD)
+            if v.device not in weights:
+                weights[v.device] = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.float64,
+                                                 device=v.device).remainder_(FINGERPRINT_PERIOD)
             # float() each: under torch.func's grad, torch 2.4's tolist() of a stacked pair failed (no storage)
             s += float(cols.sum())
-            w += float(cols.dot(weights)) * (i + 1)
+            w += float(cols.dot(weights[v.device])) * (i + 1)
     return [float(len(ts)), s, w]
 
 
