@@ -384,8 +384,9 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
     97: one pass over them, where a weight vector as long as a model's parameters made the first one's checksum 0.5 s
     per 10M parameters on the CPU. Two calls on equal values agree to float64's rounding (summation orders differ
     between devices: compare with :func:`same_fingerprint`)."""
-    s = w = 0.0
-    weights: Dict[torch.device, torch.Tensor] = {}  # (j + 1) mod 97 for j < 97, made once per device, not per tensor
+    # per device: the weights (j + 1) mod 97 for j < 97, made once, and the running sum and weighted sum, read once at
+    # the end (one host read per device and call, not two per tensor: on a GPU each read waits for the queue)
+    acc: Dict[torch.device, list] = {}
     for i, t in enumerate(ts):
         for part in strided_parts(plain_values(t).detach()):  # a DTensor: this rank's shard; under vmap: the batch
             v = part.reshape(-1)
@@ -396,13 +397,14 @@ def _fingerprint(ts: List[torch.Tensor]) -> List[float]:
             whole = n - n % FINGERPRINT_PERIOD
             cols = v[:whole].view(-1, FINGERPRINT_PERIOD).sum(0)
             cols[:n - whole] += v[whole:]  # the tail's element j sits where j mod 97 says
-            if v.device not in weights:
-                weights[v.device] = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.float64,
-                                                 device=v.device).remainder_(FINGERPRINT_PERIOD)
-            # float() each: under torch.func's grad, torch 2.4's tolist() of a stacked pair failed (no storage)
-            s += float(cols.sum())
-            w += float(cols.dot(weights[v.device])) * (i + 1)
-    return [float(len(ts)), s, w]
+            a = acc.get(v.device)
+            if a is None:
+                a = acc[v.device] = [torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.float64,
+                                                  device=v.device).remainder_(FINGERPRINT_PERIOD), 0.0, 0.0]
+            a[1] = cols.sum() + a[1]
+            a[2] = cols.dot(a[0]) * (i + 1) + a[2]
+    # float() each: under torch.func's grad, torch 2.4's tolist() of a stacked pair failed (no storage)
+    return [float(len(ts)), sum(float(a[1]) for a in acc.values()), sum(float(a[2]) for a in acc.values())]
 
 
 #: top-level forwards whose inputs are fingerprinted (the data-order checks), from the program's first
