@@ -716,6 +716,7 @@ def test_a_forked_process_gets_the_section_hooks_disowned(tmp_path):
 
     from hal.conformance.runtime.capture import ModuleTracker
     from hal.conformance.runtime.sections import install_hooks
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     spec = {"section_hooks": "hal.conformance.workload_audit:program_hooks", "precision_role": "reference",
             "precision_samples": str(tmp_path / "samples.pt"), "profile_program": True, "run_device": "cpu",
             "out": str(tmp_path)}
@@ -738,6 +739,9 @@ def test_a_forked_process_gets_the_section_hooks_disowned(tmp_path):
         for h in reversed(hooks):
             h.remove() if hasattr(h, "remove") else h.disown()
     assert torch.autograd.backward is real_backward
+    # nothing stays on the dispatch-mode stack: a random-stream mode left there broke every later ONNX export of the
+    # process (its jit passes call aten ops on Python ints)
+    assert _get_current_dispatch_mode_stack() == []
 
 
 @pytest.mark.parametrize("seed", ["os.urandom", "fixed"])

@@ -679,6 +679,19 @@ class ProgramPrecision:
                 self.tracer.__exit__(None, None, None)
             except Exception:
                 pass
+        self._exit_random_mode()
+
+    def _exit_random_mode(self) -> None:
+        """The random-stream mode leaves the stack where it is on top (entered first, it is the last one left when
+        the program ends); one a program left a mode above keeps its place, passing every op through. Without this,
+        a process that installs the hooks and goes on (a test, ``file.py:func`` callers) kept it on every op."""
+        mode, self._random_mode = self._random_mode, None
+        if mode is None:
+            return
+        mode.inert = True
+        stack = _get_current_dispatch_mode_stack()
+        if stack and stack[-1] is mode:
+            mode.__exit__(None, None, None)
 
     def disown(self) -> None:
         """Called in a process the program forked from this one (a DataLoader worker, a fork-started
