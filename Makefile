@@ -8,6 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 # The torch that torch_mlu r2.4 pairs with: `make test-torch24` runs the whole suite on it in its own venv.
 TORCH24_SPEC ?= torch==2.4.1
 OUT    ?= out/demo
+# pytest-xdist workers for `make test`: one per core, at most 4 (each imports torch; most tests start audit children
+# that import it again). A test file stays on one worker (its module fixtures run once); TEST_JOBS=0 runs in-process.
+TEST_JOBS ?= auto
 
 .PHONY: setup demo test test-torch24 bench lint clean
 
@@ -28,7 +31,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --maxprocesses 4 --dist loadfile
 
 # The suite again on torch 2.4 (PyPI's 2.4.1 is a CUDA build that runs on the CPU; about 5 GB in .venv-torch24).
 test-torch24:
