@@ -9,6 +9,8 @@
 # Usage, from the project root:
 #   here (CPU machine), once:  ../shared/device/prepare-wheels.sh     # stevedore -> .whl/ (the image lacks it)
 #   on the H200 (carry .whl):  HAL_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_suite.sh
+# TESTS (default: tests) runs a part of the suite (paths, space-separated), for a part that fits one call's time limit;
+# WORKERS (default 8) and DIST (default loadfile: a file's module fixtures run once) are pytest-xdist's -n and --dist.
 # One H200 is enough; with two, the 2-device collectives conformance runs too (with one it skips
 # as a machine-shape skip, which HAL_REQUIRE_BACKENDS leaves a skip).
 #
@@ -61,8 +63,9 @@ print(json.dumps(env, indent=1, default=str))
 PY
 
 echo "=== pytest: the whole suite"
-XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8} --dist loadfile"
-$PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly --junitxml="$OUT/junit.xml" tests
+XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8} --dist ${DIST:-loadfile}"
+# shellcheck disable=SC2086  # TESTS: one or more paths, split on spaces
+$PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly --junitxml="$OUT/junit.xml" ${TESTS:-tests}
 rc=$?
 
 echo "=== summary (pytest exit $rc)"
