@@ -29,6 +29,8 @@ def _audit(device: str, target: Path = GRU_FIXTURE) -> dict:
 
 
 def test_gru_predicted_for_cuda_is_one_cudnn_rnn_per_call_and_no_cpu_steps():
+    if torch.cuda.is_available():  # there the audit measures the GRU on the GPU: nothing is predicted
+        pytest.skip("cuda present")
     ops = _audit("cuda")["ops"]
     names = {o["op"] for o in ops}
     assert not names & CPU_STEP_OPS, names & CPU_STEP_OPS
