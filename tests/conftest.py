@@ -85,6 +85,27 @@ def _no_explicit_backend(monkeypatch):
     monkeypatch.delenv("HAL_FALLBACK", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_torch_mode_left_on_the_stack():
+    """A test that leaves a torch dispatch or function mode on the stack fails here, by name, and the modes are
+    taken off: left there, a mode sees every op of the worker's later tests (a random-stream mode a hook install
+    left behind broke ONNX exports two files later)."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
+    left = [*_get_current_dispatch_mode_stack(), *_get_current_function_mode_stack()]
+    if not left:
+        return
+    while _get_current_dispatch_mode_stack():
+        _pop_mode()
+    while _get_current_function_mode_stack():
+        torch._C._pop_torch_function_stack()
+    pytest.fail(f"the test left torch modes on the stack: {', '.join(type(m).__name__ for m in left)}")
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 300,
             input: str | None = None) -> subprocess.CompletedProcess:
     """Run a console script of this package in a subprocess (real entry point, real process)."""
