@@ -682,9 +682,9 @@ class ProgramPrecision:
         self._exit_random_mode()
 
     def _exit_random_mode(self) -> None:
-        """The random-stream mode leaves the stack where it is on top (entered first, it is the last one left when
-        the program ends); one a program left a mode above keeps its place, passing every op through. Without this,
-        a process that installs the hooks and goes on (a test, ``file.py:func`` callers) kept it on every op."""
+        """The random-stream mode goes inert and leaves the stack if it is on top (entered first, it is the last of
+        ours there when the program ends); under a mode the program left above it, it stays, passing every op
+        through. Without this, a process that installed the hooks and went on (a test) kept it on every op."""
         mode, self._random_mode = self._random_mode, None
         if mode is None:
             return
