@@ -1002,7 +1002,10 @@ def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_ran
             assert all(m["total"] is not None for m in prec["metrics"] if m["kind"] == "op"), "not all compared"
             assert "all_reduce" not in {m["op"] for m in prec["metrics"]}
         assert prof.get("verdict") != "error" and prof["step_ms"]["median"] > 0, prof
-        assert not prof["not_measured"] and not prof["errors"], (prof["not_measured"], prof["errors"])
+        # a profiler crash (SIGSEGV stopping a session) is retried with the peers and said in not_measured (rank 1 of
+        # ddp_torchrun.py once, torch 2.4.1 CI leg on two workers); nothing else may be missing
+        assert not [m for m in prof["not_measured"] if "crashed before this one" not in m] and not prof["errors"], \
+            (prof["not_measured"], prof["errors"])
 
 
 @pytest.mark.parametrize("lengths", [(0, 1, 5), (96, 97, 98), (1000, 194, 3)])
