@@ -117,6 +117,13 @@ def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None, 
                           cwd=cwd, timeout=timeout, input=input)
 
 
+def unmeasured_besides_retries(profile: dict) -> list:
+    """A profile section's ``not_measured`` lines other than the audit's retry line: torch.profiler crashes a child
+    now and then (SIGSEGV stopping a session), and the audit runs it again and says "N profiled run(s) crashed before
+    this one" (``conformance/workload_audit.py``)."""
+    return [m for m in profile["not_measured"] if "crashed before this one" not in m]
+
+
 def free_port() -> str:
     """A TCP port free on this machine now, for the rendezvous of a fixture's ranks."""
     with socket.socket() as sock:

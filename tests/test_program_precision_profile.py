@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hal.conformance import workload_audit as wa
-from tests.conftest import ROOT, free_port, run_cli
+from tests.conftest import ROOT, free_port, run_cli, unmeasured_besides_retries
 
 FIX = ROOT / "tests" / "fixtures"
 NAIVE = FIX / "precision" / "naive_softmax_fp16.py"
@@ -112,7 +112,7 @@ def test_script_profile_has_ops_trace_memory_and_copies(stable):
     # torch.profiler itself crashes a child now and then (SIGSEGV stopping a session, about 1 run in 5 here): the
     # run is retried and the retry said in not_measured; nothing else may be missing
     assert f["verified"] is False and f["errors"] == []
-    assert [m for m in f["not_measured"] if "crashed before this one" not in m] == []
+    assert unmeasured_besides_retries(f) == []
     assert f["steps"] == 2 and len(f["step_ms"]["all"]) == 2 and f["overhead_ratio"] > 0
     # a profiler warm-up step on the CPU too: its start-up is not in the 2 timed steps (nor its ops in their counts)
     assert f["schedule"]["profiler_warmup_steps"] == 1 and len(f["profiled_step_ms"]["all"]) == 2, f["schedule"]
@@ -622,7 +622,7 @@ def test_a_gans_profile_step_is_one_cycle_of_its_optimizers(tmp_path):
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     f = doc["profile"]
     assert f["optimizer_steps_per_step"] == 2 and f["step_kind"] == "optimizer steps", f
-    assert f["errors"] == [] and [m for m in f["not_measured"] if "crashed before this one" not in m] == [], f
+    assert f["errors"] == [] and unmeasured_besides_retries(f) == [], f
     assert len(f["step_ms"]["all"]) == 2 and len(f["profiled_step_ms"]["all"]) == 2, f
     # each timed step is a whole iteration: the generator's forward (its one sine) once, the discriminator's three
     # forwards (its one sigmoid each) three times; in two timed steps
@@ -1004,8 +1004,7 @@ def test_a_torchrun_program_audited_rank_by_rank_gets_both_sections_on_every_ran
         assert prof.get("verdict") != "error" and prof["step_ms"]["median"] > 0, prof
         # a profiler crash (SIGSEGV stopping a session) is retried with the peers and said in not_measured (rank 1 of
         # ddp_torchrun.py once, torch 2.4.1 CI leg on two workers); nothing else may be missing
-        assert not [m for m in prof["not_measured"] if "crashed before this one" not in m] and not prof["errors"], \
-            (prof["not_measured"], prof["errors"])
+        assert not unmeasured_besides_retries(prof) and not prof["errors"], (prof["not_measured"], prof["errors"])
 
 
 @pytest.mark.parametrize("lengths", [(0, 1, 5), (96, 97, 98), (1000, 194, 3)])
