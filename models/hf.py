@@ -152,6 +152,11 @@ class HfWorkload(Workload):
     def _make_model(self) -> torch.nn.Module:
         tf = transformers_module()
         model = getattr(tf, self.arch.model_class)(self.model_config())
+        if hasattr(model, "set_experts_implementation") and getattr(model.config, "_experts_implementation", None):
+            # transformers 5 runs MoE experts through torch._grouped_mm by default (torch >= 2.9, no float64: the
+            # precision reference could not run it); "eager", the loop over experts transformers 4 ran, computes on
+            # every backend and dtype
+            model.set_experts_implementation("eager")
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.pad_token_id = model.config.pad_token_id
         return model
