@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-elements", type=int, default=1 << 15)
     p.add_argument("--skip-naive", action="store_true", help="skip the (slow) naive shadow")
+    p.add_argument("--no-cpu-shadows", action="store_true",
+                   help="on a device, leave out the variant with the float64 shadows on the CPU (slow at large steps)")
     p.add_argument("--out", default="out/bench_precision.json")
     p.add_argument("--diagnose", action="store_true",
                    help="after the timed rounds, one more step of each 'ours' variant under cProfile and one under "
@@ -181,7 +183,8 @@ def main(argv=None) -> int:
     if args.device != "cpu":  # the default home is the device (it computes float64); the CPU beside it
         ours = variants.pop("shadow + stats (ours)")
         variants["shadow + stats (ours)"] = _shadow_on("device", ours)
-        variants["shadow + stats (ours, float64 on the CPU)"] = _shadow_on("cpu", ours)
+        if not args.no_cpu_shadows:
+            variants["shadow + stats (ours, float64 on the CPU)"] = _shadow_on("cpu", ours)
     import copy
 
     from hal.conformance.precision.compare import widen_optimizer_state
