@@ -226,13 +226,16 @@ def test_torch_accelerator_answers_as_the_cuda_machine_and_is_restored():
         assert isinstance(acc.current_stream(), torch.Stream)
         assert acc.memory.memory_allocated() == 0 and acc.get_memory_info()[0] > 0
         assert torch.float16 in acc.get_device_capability()["supported_dtypes"]
-        with acc.Graph() as _g:
-            y = torch.ones(2) * 2
-        assert y.sum().item() == 4.0
+        graph = hasattr(acc, "Graph")  # torch 2.11's torch.accelerator has none (2.13's has)
+        if graph:
+            with acc.Graph() as _g:
+                y = torch.ones(2) * 2
+            assert y.sum().item() == 4.0
         patched = [k for k, v in originals.items() if getattr(*k) is v]
         assert patched == [], f"left unpatched: {patched}"
         # a test is a program here (its file is outside torch and HAL): each call is recorded
-        assert {k[0] for k in r.records} >= {"runtime-redirect-accelerator", "runtime-redirect-cuda-graph"}
+        assert {k[0] for k in r.records} >= {"runtime-redirect-accelerator"} | (
+            {"runtime-redirect-cuda-graph"} if graph else set())
     finally:
         r.remove()
     assert all(getattr(*k) is v for k, v in originals.items())
