@@ -11,6 +11,8 @@
 #   on the H200 (carry .whl):  HAL_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_suite.sh
 # TESTS (default: tests) runs a part of the suite (paths, space-separated), for a part that fits one call's time limit;
 # WORKERS (default 8) and DIST (default loadfile: a file's module fixtures run once) are pytest-xdist's -n and --dist.
+# PART=k/n (1 <= k <= n) runs every n-th test file from the k-th, in sorted order, instead of TESTS: the suite in n
+# calls (the whole suite on 16 workers did not fit one 600 s call); give each part its own OUT.
 # One H200 is enough; with two, the 2-device collectives conformance runs too (with one it skips
 # as a machine-shape skip, which HAL_REQUIRE_BACKENDS leaves a skip).
 #
@@ -62,7 +64,14 @@ json.dump(env, open(sys.argv[1], "w"), indent=1, default=str)
 print(json.dumps(env, indent=1, default=str))
 PY
 
-echo "=== pytest: the whole suite"
+if [ -n "${PART:-}" ]; then
+  k=${PART%/*}; n=${PART#*/}
+  if ! [[ "$k" =~ ^[0-9]+$ && "$n" =~ ^[0-9]+$ ]] || (( k < 1 || k > n )); then
+    echo "gpu_suite: PART must be k/n with 1 <= k <= n, got '$PART'"; exit 2
+  fi
+  TESTS=$(find tests -maxdepth 1 -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" '(NR - 1) % n == k - 1' | tr '\n' ' ')
+fi
+echo "=== pytest: ${PART:+part $PART of }${TESTS:-the whole suite}"
 XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8} --dist ${DIST:-loadfile}"
 # shellcheck disable=SC2086  # TESTS: one or more paths, split on spaces
 $PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly --junitxml="$OUT/junit.xml" ${TESTS:-tests}
