@@ -99,7 +99,7 @@ def _build_backend_installed() -> bool:
 
 @pytest.mark.slow
 def test_built_wheel_holds_every_package_and_data_file(tmp_path):
-    isolation = [] if not _build_backend_installed() else ["--no-build-isolation"]
+    isolation = ["--no-build-isolation"] if _build_backend_installed() else []
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", *isolation, "-w", str(tmp_path),
                         str(ROOT)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
