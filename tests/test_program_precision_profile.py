@@ -910,7 +910,11 @@ def test_a_rank_whose_profile_run_crashed_runs_it_again_with_its_peers(tmp_path)
         assert p.get("verdict") != "error" and p["step_ms"]["median"] > 0 and p["run"]["status"] == "ok", p
     assert f"{runs[0] - 2} profiled run(s) crashed before this one (" in prof[1]["not_measured"][-1] \
         and "SIGSEGV" in prof[1]["not_measured"][-1], prof[1]["not_measured"]
-    assert "rank(s) 1 crashed: run again with them" in prof[0]["not_measured"][-1], prof[0]["not_measured"]
+    # rank 0 ran again for rank 1's crash, unless torch.profiler really crashed on rank 0 too each time (torch 2.4.1's
+    # CI leg: rank 0's two retries both for its own SIGSEGV, once)
+    own = prof[0]["not_measured"][-1]
+    assert f"{runs[0] - 2} profiled run(s) crashed before this one (" in own and (
+        "rank(s) 1 crashed: run again with them" in own or own.count("SIGSEGV") == runs[0] - 2), own
 
 
 def test_ranks_agree_on_a_retry_through_a_store_or_not_at_all():
