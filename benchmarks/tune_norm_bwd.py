@@ -7,8 +7,7 @@ Plans (:attr:`BwdPlan.name`): ``two-stage`` (dx row kernel + column-tiled dw/db)
 registers at 16384 wide (``two-stage single wW``), and ``fused`` (one kernel over strips of rows) for
 every (programs per SM, warps) in the grid below, and at 8192 and 16384 wide the fused plan with the row in
 2 or 4 column tiles read twice (``fused pP wW sS``: only the weight/bias accumulators stay row-wide in
-registers); from 4096 wide, both fused kinds with the accumulators in memory (``... g``: each program's row of the
-partial sums, read and written back per row, in the L2). (A fused plan with the bias gradient taken apart, as torch's column sum of dy, was tried at
+registers). (A fused plan with the bias gradient taken apart, as torch's column sum of dy, was tried at
 2c3f3b6 and won at no width: ``tune_norm_bwd.json``'s ``db-apart`` plans.) Each plan's dx and dw are checked
 against the shipped plan's (relative error, field ``rel_err``). Timing: the GPU time of one call (bench_kernels'
 ``device`` timing: L2 flushed, the GPU held busy while the host enqueues, events around the call, median of the
@@ -44,10 +43,6 @@ PROGRAMS_PER_SM = (1, 2, 4, 8)
 SPLIT_FROM, SPLIT_TO = 8192, 16384
 SPLITS = (2, 4)
 SPLIT_PROGRAMS_PER_SM = (1, 2)
-#: fused plans whose dw/db partial sums are added up in memory (``fused ... g``, ``BwdPlan.acc_global``) are tried from
-#: this block, with these programs per SM (without the row-wide accumulators a program holds fewer registers)
-GLOBAL_FROM = 4096
-GLOBAL_PROGRAMS_PER_SM = (1, 2, 4)
 #: the two-stage plan's dx kernel is also tried with the row in registers up to this block
 SINGLE_DX_MAX = 16384
 #: a plan whose dx or dw differs from the shipped plan's by more than this (relative to its largest
@@ -70,12 +65,6 @@ def plans(n: int) -> list[tuple[str, object]]:
     if SPLIT_FROM <= block <= SPLIT_TO:
         out += [norms.BwdPlan(True, block, True, w, p, s) for s in SPLITS for w in WARPS.get(block, (8,))
                 for p in SPLIT_PROGRAMS_PER_SM]
-    if block >= GLOBAL_FROM:
-        out += [norms.BwdPlan(True, block, True, w, p, acc_global=True) for w in WARPS.get(block, (8,))
-                for p in GLOBAL_PROGRAMS_PER_SM]
-        if SPLIT_FROM <= block <= SPLIT_TO:
-            out += [norms.BwdPlan(True, block, True, w, p, s, True) for s in SPLITS for w in WARPS.get(block, (8,))
-                    for p in GLOBAL_PROGRAMS_PER_SM]
     return [("two-stage" if i == 0 else plan.name, plan) for i, plan in enumerate(out)]
 
 

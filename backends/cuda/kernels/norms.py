@@ -94,13 +94,11 @@ def _norm_fwd(X, R, Y, H, W, B, Mean, Rstd, stride_x, stride_r, stride_y, stride
 @triton.jit
 def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh, stride_dx, M, N,
               rows_per_prog, db_off, BLOCK: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
-              HAS_B: tl.constexpr, HAS_DH: tl.constexpr, ACC_G: tl.constexpr):
+              HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
     # xhat = (x - mean) * rstd ; g = dy * w
     # layer_norm: dx = rstd * (g - mean(g * xhat) * xhat - mean(g))
     # rms_norm:   dx = rstd * (g - mean(g * xhat) * xhat)
-    # program pid's dw (db) partial sums -> row pid of PART (of PART + db_off), each [programs, N] float32;
-    # ACC_G: they are added up there row by row (PART zeroed by the caller, the program's own row: L2-resident), not
-    # in row-wide registers
+    # program pid's dw (db) partial sums -> row pid of PART (of PART + db_off), each [programs, N] float32
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -133,32 +131,14 @@ def _norm_bwd(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh
         if HAS_DH:
             dx += tl.load(DH + row64 * stride_dh + cols, mask=rmask, other=0.0).to(tl.float32)
         tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=rmask)
-        if ACC_G:
-            _add_to_part(PART + pid * N, db_off, cols, rmask, dy * xhat, dy, HAS_W, HAS_B)
-        else:
-            if HAS_W:
-                dw_acc += dy * xhat
-            if HAS_B:
-                db_acc += dy
-    if not ACC_G:
         if HAS_W:
-            tl.store(PART + pid * N + cols, dw_acc, mask=mask)
+            dw_acc += dy * xhat
         if HAS_B:
-            tl.store(PART + db_off + pid * N + cols, db_acc, mask=mask)
-
-
-@triton.jit
-def _add_to_part(PROW, db_off, cols, mask, dw, db, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
-    """Adds one row's dw (db) terms at ``cols`` to the program's partial sums at PROW (PROW + db_off), in memory:
-    read, add, write back (only this program touches its row; loads and stores ask the L2 to keep it)."""
+            db_acc += dy
     if HAS_W:
-        pw = PROW + cols
-        tl.store(pw, tl.load(pw, mask=mask, other=0.0, eviction_policy="evict_last") + dw, mask=mask,
-                 eviction_policy="evict_last")
+        tl.store(PART + pid * N + cols, dw_acc, mask=mask)
     if HAS_B:
-        pb = PROW + db_off + cols
-        tl.store(pb, tl.load(pb, mask=mask, other=0.0, eviction_policy="evict_last") + db, mask=mask,
-                 eviction_policy="evict_last")
+        tl.store(PART + db_off + pid * N + cols, db_acc, mask=mask)
 
 
 @triton.jit
@@ -181,10 +161,10 @@ def _split_sums(DY, X, W, row64, stride_dy, stride_x, start, N, mean, rstd, rval
 
 @triton.jit
 def _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, start, N, mean, rstd, c1, c2,
-              rvalid, acc_w, acc_b, PROW, db_off, TILE: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
-              HAS_B: tl.constexpr, HAS_DH: tl.constexpr, ACC_G: tl.constexpr):
+              rvalid, acc_w, acc_b, TILE: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+              HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
     """dx of one column tile of one row (``_norm_bwd_split``'s second pass: the tile read again, from the L2)
-    and the tile's dw (db) accumulators with the row added (``ACC_G``: the partial sums at PROW instead)."""
+    and the tile's dw (db) accumulators with the row added."""
     cols = start + tl.arange(0, TILE)
     cmask = cols < N
     mask = cmask & rvalid
@@ -204,26 +184,21 @@ def _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx
     if HAS_DH:
         dx += tl.load(DH + row64 * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-    if ACC_G:
-        _add_to_part(PROW, db_off, cols, mask, dy * xhat, dy, HAS_W, HAS_B)
-    else:
-        if HAS_W:
-            acc_w += dy * xhat
-        if HAS_B:
-            acc_b += dy
+    if HAS_W:
+        acc_w += dy * xhat
+    if HAS_B:
+        acc_b += dy
     return acc_w, acc_b
 
 
 @triton.jit
 def _norm_bwd_split(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, stride_dh, stride_dx, M, N,
                     rows_per_prog, db_off, TILE: tl.constexpr, S: tl.constexpr, IS_RMS: tl.constexpr,
-                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DH: tl.constexpr, ACC_G: tl.constexpr):
+                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DH: tl.constexpr):
     """``_norm_bwd`` for wide rows: the row in ``S`` (2 or 4) column tiles of ``TILE``, read twice (the row's
     statistics, then dx: the second read hits the L2), so that only the dw/db accumulators stay row-wide in
-    registers, one ``[TILE]`` pair per tile (``ACC_G``: none, the partial sums added up in memory as in
-    ``_norm_bwd``). Same arguments and partial sums as ``_norm_bwd``."""
+    registers, one ``[TILE]`` pair per tile. Same arguments and partial sums as ``_norm_bwd``."""
     pid = tl.program_id(0)
-    prow = PART + pid * N
     a0 = tl.zeros([TILE], tl.float32)
     b0 = a0
     a1 = a0
@@ -255,22 +230,22 @@ def _norm_bwd_split(DY, X, W, Mean, Rstd, DH, DX, PART, stride_dy, stride_x, str
         c1 = s1 / N
         c2 = s2 / N
         a0, b0 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 0, N, mean, rstd, c1,
-                           c2, rvalid, a0, b0, prow, db_off, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH, ACC_G)
+                           c2, rvalid, a0, b0, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
         a1, b1 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, TILE, N, mean, rstd, c1,
-                           c2, rvalid, a1, b1, prow, db_off, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH, ACC_G)
+                           c2, rvalid, a1, b1, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
         if S == 4:
             a2, b2 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 2 * TILE, N, mean,
-                               rstd, c1, c2, rvalid, a2, b2, prow, db_off, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH, ACC_G)
+                               rstd, c1, c2, rvalid, a2, b2, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
             a3, b3 = _split_dx(DY, X, W, DH, DX, row64, stride_dy, stride_x, stride_dh, stride_dx, 3 * TILE, N, mean,
-                               rstd, c1, c2, rvalid, a3, b3, prow, db_off, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH, ACC_G)
+                               rstd, c1, c2, rvalid, a3, b3, TILE, IS_RMS, HAS_W, HAS_B, HAS_DH)
     cols = tl.arange(0, TILE)
-    if HAS_W and not ACC_G:
+    if HAS_W:
         tl.store(PART + pid * N + cols, a0, mask=cols < N)
         tl.store(PART + pid * N + TILE + cols, a1, mask=TILE + cols < N)
         if S == 4:
             tl.store(PART + pid * N + 2 * TILE + cols, a2, mask=2 * TILE + cols < N)
             tl.store(PART + pid * N + 3 * TILE + cols, a3, mask=3 * TILE + cols < N)
-    if HAS_B and not ACC_G:
+    if HAS_B:
         tl.store(PART + db_off + pid * N + cols, b0, mask=cols < N)
         tl.store(PART + db_off + pid * N + TILE + cols, b1, mask=TILE + cols < N)
         if S == 4:
@@ -442,27 +417,21 @@ class BwdPlan:
     programs_per_sm: int = 4
     #: fused only: the row in this many column tiles (``_norm_bwd_split``: 2 or 4), read twice; 1: held whole
     split: int = 1
-    #: fused only: each program adds its rows' dw/db terms up in its row of the (zeroed) partial sums in memory, which
-    #: stays in the L2, instead of in row-wide registers (name suffix ``g``)
-    acc_global: bool = False
 
     @property
     def name(self) -> str:
         if self.fused:
-            return (f"fused p{self.programs_per_sm} w{self.warps}" + (f" s{self.split}" if self.split > 1 else "")
-                    + (" g" if self.acc_global else ""))
+            return f"fused p{self.programs_per_sm} w{self.warps}" + (f" s{self.split}" if self.split > 1 else "")
         return f"two-stage single w{self.warps}" if self.single else f"two-stage looped w{self.warps}"
 
 
 def plan_named(name: str, n: int) -> BwdPlan:
     """The plan called ``name`` for rows of ``n`` elements: ``"two-stage"`` (:func:`two_stage_plan`),
     ``"two-stage single wW"`` (the dx row in registers, W warps), ``"two-stage looped wW"`` or
-    ``"fused pP wW"``, ``"fused pP wW sS"`` (the row in S = 2 or 4 tiles, :attr:`BwdPlan.split`), either fused
-    name followed by ``g`` (:attr:`BwdPlan.acc_global`) (:class:`BwdPlan`). Raises ValueError for another name."""
+    ``"fused pP wW"``, ``"fused pP wW sS"`` (the row in S = 2 or 4 tiles, :attr:`BwdPlan.split`)
+    (:class:`BwdPlan`). Raises ValueError for another name."""
     words = name.split()
     block = next_power_of_2(n)
-    if len(words) > 3 and words[0] == "fused" and words[-1] == "g" and words[-2] != "g":
-        return dataclasses.replace(plan_named(" ".join(words[:-1]), n), acc_global=True)
     try:
         if words == ["two-stage"]:
             return two_stage_plan(n)
@@ -636,15 +605,13 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
     w_ = x2 if w is None else w
     dh_ = dy2 if dh2 is None else dh2
     # launch keys (launcher's contract): device, dtypes, which optional tensors are there, the plan (its
-    # constexprs), and the int arguments' values or, for row counts, their specialisation class (the tensors not
-    # checked for alignment: ours)
+    # constexprs), and the int arguments' values or, for row counts, their specialisation class
     base = (x2.get_device(), dy2.dtype, x2.dtype, w_.dtype, dh_.dtype, is_rms, has_w, has_bias, dh2 is None,
-            plan.block, plan.single, plan.warps, plan.split, plan.acc_global) if aligned(dy2, x2, w_, dh_) else None
+            plan.block, plan.single, plan.warps, plan.split) if aligned(dy2, x2, w_, dh_) else None  # the rest: ours
     if plan.fused or not rows:
         progs = max(1, min(rows, plan.programs_per_sm * sm_count(dev))) if rows else 1
         per = -(-rows // progs) if rows else 0
-        # no rows: no program writes the partial sums; acc_global: the programs add to them
-        new = torch.empty if rows and not plan.acc_global else torch.zeros
+        new = torch.empty if rows else torch.zeros  # no rows: no program writes the partial sums
         part = new((parts * progs, n), dtype=torch.float32, device=dev) if parts else rstd
         db_off = progs * n if has_w else 0
         if rows:
@@ -652,8 +619,7 @@ def norm_backward(dy, x, weight, bias, mean, rstd, dh, is_rms: bool, n: int, pla
                     dx.stride(0), rows, n, per, db_off)
             key = None if base is None else base + args[8:12] + (int_class(rows), n, int_class(per),
                                                                  int_class(db_off))
-            flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, HAS_DH=dh2 is not None, ACC_G=plan.acc_global,
-                         num_warps=plan.warps)
+            flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_bias, HAS_DH=dh2 is not None, num_warps=plan.warps)
             if plan.split > 1:
                 _BWD_SPLIT((progs, 1, 1), key, args, dict(TILE=plan.block // plan.split, S=plan.split, **flags))
             else:
