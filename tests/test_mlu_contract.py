@@ -165,12 +165,12 @@ def _stand_in_installed():
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "torch_mlu", fake)
         mp.setattr(torch, "mlu", mlu, raising=False)
-        hal.discovery.refresh()
+        hal.refresh()
         try:
             yield mlu
         finally:
             mp.undo()
-            hal.discovery.refresh()
+            hal.refresh()
 
 
 @pytest.fixture

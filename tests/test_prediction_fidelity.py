@@ -103,7 +103,9 @@ def test_predicting_capture_takes_the_accelerator_paths_and_restores_torch():
     host = _train(None)
     pred = _train("mlu")
     assert not any(o.startswith("aten::_foreach_") for o in host)
-    assert not {"aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_"} & host
+    # the host's scaler runs its kernels only where torch enables it: with CUDA present (the GPU machine), not on CI
+    amp = {"aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_"}
+    assert (amp <= host) if torch.cuda.is_available() else not amp & host
     assert {"aten::_foreach_add_.Scalar", "aten::_foreach_lerp_.Scalar",
             "aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_",
             "aten::native_dropout", "aten::native_dropout_backward"} <= pred

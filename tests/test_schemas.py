@@ -136,6 +136,12 @@ SHAPES: dict[str, dict] = {
 SHAPES.update({p.replace("reports/cuda/", "reports/cuda/h100/"): SHAPES[p] for p in (
     "reports/cuda/env-*.json", "reports/cuda/bench_kernels-*.json", "reports/cuda/e2e_gpt2small-*.json",
     "reports/cuda/tune_norm_bwd*.json")})
+# benchmarks/gpu_suite.sh run in parts (PART=k/n) on an H100: each part's summary, one environment for the run
+SHAPES["reports/cuda/h100/gpu-suite-*/*/summary.json"] = _req(
+    "passed", "failed", "errors", "skipped", "cuda_skips", "pytest_exit",
+    **{k: {"type": "integer", "minimum": 0} for k in ("passed", "failed", "errors", "skipped", "cuda_skips")})
+SHAPES["reports/cuda/h100/gpu-suite-*/environment.json"] = _req("commit", "python", "torch", "triton", "cupy", "gpus",
+                                                                "backends")
 SHAPES["reports/cuda/h100/bench_program_sections_*.json"] = SHAPES["reports/h200/program-sections/bench_program_sections_*.json"]
 for _kind in ("bench_precision", "bench_profiler_configs"):
     SHAPES[f"reports/cuda/h100/{_kind}_*.json"] = SHAPES[f"reports/h200/program-sections/{_kind}_*.json"]
