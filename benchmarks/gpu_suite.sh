@@ -11,14 +11,17 @@
 #   on the H200 (carry .whl):  HAL_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_suite.sh
 # TESTS (default: tests) runs a part of the suite (paths, space-separated), for a part that fits one call's time limit;
 # WORKERS (default 8) and DIST (default loadfile: a file's module fixtures run once) are pytest-xdist's -n and --dist.
-# PART=k/n (1 <= k <= n) runs every n-th test file from the k-th, in sorted order, instead of TESTS: the suite in n
-# calls (the whole suite on 16 workers did not fit one 600 s call); give each part its own OUT.
+# PART=k/n (1 <= k <= n) runs every n-th test file from the k-th, in C-locale sorted order, instead of TESTS: the
+# suite in n calls (the whole suite on 16 workers did not fit one 600 s call); give each part its own OUT. The parts
+# leave out LONG_FILES (test_program_precision_profile.py: 2788 s of tests on an H100, one worker's under loadfile),
+# which PART=long runs with --dist load (262 s on 16 workers): PART=1/6 ... 6/6 and long are the whole suite.
 # One H200 is enough; with two, the 2-device collectives conformance runs too (with one it skips
 # as a machine-shape skip, which HAL_REQUIRE_BACKENDS leaves a skip).
 #
 # Writes $OUT (default reports/gpu-suite): suite.log (everything printed), env.json (commit, python,
 # torch, CUDA, CuPy, Triton, driver, GPUs, hal backends), junit.xml and summary.json
-# ({passed, failed, errors, skipped, cuda_skips, skip_reasons}). Exit status: pytest's (0 = green).
+# ({passed, failed, errors, skipped, cuda_skips, pytest_exit, skip_reasons, commit, tests: the part or paths run,
+# seconds: pytest's wall time}). Exit status: pytest's (0 = green).
 set -u
 OUT=${OUT:-$PWD/reports/gpu-suite}
 mkdir -p "$OUT"
@@ -64,22 +67,29 @@ json.dump(env, open(sys.argv[1], "w"), indent=1, default=str)
 print(json.dumps(env, indent=1, default=str))
 PY
 
-if [ -n "${PART:-}" ]; then
+# a file whose tests alone outlast a call on one worker: PART=k/n leaves it out, PART=long runs it over every worker
+LONG_FILES="tests/test_program_precision_profile.py"
+if [ "${PART:-}" = long ]; then
+  TESTS=$LONG_FILES; DIST=load
+elif [ -n "${PART:-}" ]; then
   k=${PART%/*}; n=${PART#*/}
   if ! [[ "$k" =~ ^[0-9]+$ && "$n" =~ ^[0-9]+$ ]] || (( k < 1 || k > n )); then
-    echo "gpu_suite: PART must be k/n with 1 <= k <= n, got '$PART'"; exit 2
+    echo "gpu_suite: PART must be k/n with 1 <= k <= n, or long, got '$PART'"; exit 2
   fi
-  TESTS=$(find tests -maxdepth 1 -name 'test_*.py' | sort | awk -v k="$k" -v n="$n" '(NR - 1) % n == k - 1' | tr '\n' ' ')
+  TESTS=$(find tests -maxdepth 1 -name 'test_*.py' | LC_ALL=C sort | grep -vxF "$LONG_FILES" \
+          | awk -v k="$k" -v n="$n" '(NR - 1) % n == k - 1' | tr '\n' ' ')
 fi
 echo "=== pytest: ${PART:+part $PART of }${TESTS:-the whole suite}"
 XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8} --dist ${DIST:-loadfile}"
 # shellcheck disable=SC2086  # TESTS: one or more paths, split on spaces
+T0=$(date +%s)
 $PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly --junitxml="$OUT/junit.xml" ${TESTS:-tests}
 rc=$?
+export GPU_SUITE_SECONDS=$(( $(date +%s) - T0 )) GPU_SUITE_TESTS="${PART:+part $PART: }${TESTS:-tests}"
 
 echo "=== summary (pytest exit $rc)"
 $PY - "$OUT/junit.xml" "$OUT/summary.json" "$rc" <<'PY'
-import json, sys, xml.etree.ElementTree as ET
+import json, os, sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
 reasons = {}
@@ -97,7 +107,8 @@ for case in root.iter("testcase"):
         counts["passed"] += 1
 cuda_skips = sum(n for m, n in reasons.items() if m.lower().removeprefix("skipped: ").startswith("cuda:"))
 doc = dict(counts, cuda_skips=cuda_skips, pytest_exit=int(sys.argv[3]),
-           skip_reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])))
+           skip_reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])), commit=os.environ.get("HAL_COMMIT"),
+           tests=os.environ["GPU_SUITE_TESTS"], seconds=int(os.environ["GPU_SUITE_SECONDS"]))
 json.dump(doc, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(doc, indent=1))
 PY

@@ -35,6 +35,10 @@ def _req(*keys: str, **props) -> dict:
 
 
 ENV_FINGERPRINT = _req("python", "platform", "torch", "backends", "commit", "command")
+#: benchmarks/gpu_suite.sh's summary.json (commit, tests and seconds since 50c476d's successor)
+GPU_SUITE_SUMMARY = _req("passed", "failed", "errors", "skipped", "cuda_skips", "pytest_exit",
+                         **{k: {"type": "integer", "minimum": 0} for k in ("passed", "failed", "errors", "skipped",
+                                                                           "cuda_skips")})
 #: path pattern (fnmatch, relative to the repository root) -> the shape of that report kind
 SHAPES: dict[str, dict] = {
     "reports/*precision-*.json": {"allOf": [{"$ref": "urn:hal:hal-audit/1#/$defs/precision"},
@@ -54,9 +58,11 @@ SHAPES: dict[str, dict] = {
     "reports/h200/env-*.json": ENV_FINGERPRINT,
     "reports/gpu-suite/env.json": ENV_FINGERPRINT,
     "reports/cuda/*env.json": _req("python", "backends", "commit", "versions", "gpus"),
-    "reports/gpu-suite/summary.json": _req("commit", "tests", "passed", "failures", "errors", "skipped", "seconds",
-                                           **{k: {"type": "integer", "minimum": 0}
-                                              for k in ("tests", "passed", "failures", "errors", "skipped")}),
+    # the committed file is the first format (4c1dc74); benchmarks/gpu_suite.sh now writes GPU_SUITE_SUMMARY's
+    "reports/gpu-suite/summary.json": {"anyOf": [
+        _req("commit", "tests", "passed", "failures", "errors", "skipped", "seconds",
+             **{k: {"type": "integer", "minimum": 0} for k in ("tests", "passed", "failures", "errors", "skipped")}),
+        GPU_SUITE_SUMMARY]},
     # `hal collectives --format json`
     "reports/cuda/*hal_collectives.json": _req("device", "world_size", "passed", "rows", passed={"type": "boolean"},
                                                rows={"type": "array", "items": _req("collective", "dtype", "op",
@@ -137,9 +143,7 @@ SHAPES.update({p.replace("reports/cuda/", "reports/cuda/h100/"): SHAPES[p] for p
     "reports/cuda/env-*.json", "reports/cuda/bench_kernels-*.json", "reports/cuda/e2e_gpt2small-*.json",
     "reports/cuda/tune_norm_bwd*.json")})
 # benchmarks/gpu_suite.sh run in parts (PART=k/n) on an H100: each part's summary, one environment for the run
-SHAPES["reports/cuda/h100/gpu-suite-*/*/summary.json"] = _req(
-    "passed", "failed", "errors", "skipped", "cuda_skips", "pytest_exit",
-    **{k: {"type": "integer", "minimum": 0} for k in ("passed", "failed", "errors", "skipped", "cuda_skips")})
+SHAPES["reports/cuda/h100/gpu-suite-*/*/summary.json"] = GPU_SUITE_SUMMARY
 SHAPES["reports/cuda/h100/gpu-suite-*/environment.json"] = _req("commit", "python", "torch", "triton", "cupy", "gpus",
                                                                 "backends")
 SHAPES["reports/cuda/h100/bench_program_sections_*.json"] = SHAPES["reports/h200/program-sections/bench_program_sections_*.json"]
