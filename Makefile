@@ -12,7 +12,13 @@ OUT    ?= out/demo
 # that import it again). A test file stays on one worker (its module fixtures run once); TEST_JOBS=0 runs in-process.
 TEST_JOBS ?= auto
 
-.PHONY: setup demo test test-torch24 bench lint clean
+# The Triton kernels under Triton's CPU interpreter (tests/test_triton_interpret.py) in their own venv: the GPU
+# machine's Triton and a numpy its interpreter runs with (the other venvs have no Triton, or torch 2.4.1's 3.0.0).
+TRITON_VENV ?= .venv-triton
+TRITON_SPEC ?= triton==3.6.0
+INTERPRET_NUMPY_SPEC ?= numpy<2.4
+
+.PHONY: setup demo test test-torch24 test-triton-interpret bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +43,15 @@ test: setup
 test-torch24:
 	$(MAKE) VENV=.venv-torch24 TORCH_SPEC="$(TORCH24_SPEC)" test
 
+# Fails, rather than skips, where Triton or that numpy is missing (HAL_REQUIRE_TRITON_INTERPRET).
+test-triton-interpret:
+	$(MAKE) VENV=$(TRITON_VENV) setup
+	$(TRITON_VENV)/bin/python -m pip install -q "$(TRITON_SPEC)" "$(INTERPRET_NUMPY_SPEC)"
+	HAL_REQUIRE_TRITON_INTERPRET=1 $(TRITON_VENV)/bin/python -m pytest -q -rs -n $(TEST_JOBS) --maxprocesses 4 \
+	    tests/test_triton_interpret.py
+
 lint: setup
 	$(VENV)/bin/ruff check hal backends models conformance tests benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-torch24 out .pytest_cache
+	rm -rf $(VENV) .venv-torch24 $(TRITON_VENV) out .pytest_cache
