@@ -35,7 +35,7 @@ def _req(*keys: str, **props) -> dict:
 
 
 ENV_FINGERPRINT = _req("python", "platform", "torch", "backends", "commit", "command")
-#: benchmarks/gpu_suite.sh's summary.json (commit, tests and seconds since 50c476d's successor)
+#: benchmarks/gpu_suite.sh's summary.json (with commit, tests and seconds from 199d358 on)
 GPU_SUITE_SUMMARY = _req("passed", "failed", "errors", "skipped", "cuda_skips", "pytest_exit",
                          **{k: {"type": "integer", "minimum": 0} for k in ("passed", "failed", "errors", "skipped",
                                                                            "cuda_skips")})

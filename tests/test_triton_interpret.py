@@ -10,10 +10,11 @@ is slow) but take every path: the fused narrow-row norm backward, the two-stage 
 with the dx row in registers and looped over column tiles, several and partial weight-gradient row
 groups, weight/bias present and absent, the routing decision both ways.
 
-Skipped, with the reason, where Triton is not importable (CI's two torch legs have none) and where numpy
-is 2.4 or newer (Triton 3.6's interpreter fails there on loop bounds; ``pip install "numpy<2.4"``). CI's third leg,
-``make test-triton-interpret``, has both (Triton 3.6.0, the GPU machine's, and numpy < 2.4 in ``.venv-triton``) and
-sets ``HAL_REQUIRE_TRITON_INTERPRET=1``, under which those reasons fail the tests instead of skipping them.
+Skipped, with the reason, where Triton is not importable (torch 2.13.0's CPU build brings none) and where numpy
+is 2.4 or newer (torch 2.4.1's venv, whose Triton is 3.0.0; Triton 3.6's interpreter fails there on loop bounds:
+``pip install "numpy<2.4"``). CI's third leg, ``make test-triton-interpret``, has both (Triton 3.6.0, the GPU
+machine's, and numpy < 2.4 in ``.venv-triton``) and sets ``HAL_REQUIRE_TRITON_INTERPRET=1``, under which those
+reasons fail the tests instead of skipping them.
 """
 from __future__ import annotations
 
