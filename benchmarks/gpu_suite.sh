@@ -81,9 +81,10 @@ elif [ -n "${PART:-}" ]; then
 fi
 echo "=== pytest: ${PART:+part $PART of }${TESTS:-the whole suite}"
 XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8} --dist ${DIST:-loadfile}"
-# shellcheck disable=SC2086  # TESTS: one or more paths, split on spaces
 T0=$(date +%s)
-$PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly --junitxml="$OUT/junit.xml" ${TESTS:-tests}
+# -p no:benchmark: the GPU image has pytest-benchmark, which prints a warning per xdist worker (no test uses it)
+# shellcheck disable=SC2086  # TESTS: one or more paths, split on spaces
+$PY -m pytest -q -rs $XDIST -p no:cacheprovider -p no:randomly -p no:benchmark --junitxml="$OUT/junit.xml" ${TESTS:-tests}
 rc=$?
 export GPU_SUITE_SECONDS=$(( $(date +%s) - T0 )) GPU_SUITE_TESTS="${PART:+part $PART: }${TESTS:-tests}"
 
