@@ -43,11 +43,11 @@ test: setup
 test-torch24:
 	$(MAKE) VENV=.venv-torch24 TORCH_SPEC="$(TORCH24_SPEC)" test
 
-# Fails, rather than skips, where Triton or that numpy is missing (HAL_REQUIRE_TRITON_INTERPRET).
+# Fails, rather than skips, where Triton or that numpy is missing (HAL_REQUIRE_BACKENDS, tests/conftest.py).
 test-triton-interpret:
 	$(MAKE) VENV=$(TRITON_VENV) setup
 	$(TRITON_VENV)/bin/python -m pip install -q "$(TRITON_SPEC)" "$(INTERPRET_NUMPY_SPEC)"
-	HAL_REQUIRE_TRITON_INTERPRET=1 $(TRITON_VENV)/bin/python -m pytest -q -rs -n $(TEST_JOBS) --maxprocesses 4 \
+	HAL_REQUIRE_BACKENDS=triton-interpret $(TRITON_VENV)/bin/python -m pytest -q -rs -n $(TEST_JOBS) --maxprocesses 4 \
 	    tests/test_triton_interpret.py
 
 lint: setup

@@ -7,7 +7,8 @@ Also, for the whole suite:
 - ``HAL_REQUIRE_BACKENDS=cuda[,mlu...]``: a test that skips because a required backend (or its
   kernel toolchain) is not usable here *fails* instead. A device test's skip reason starts with
   ``"<backend>: "`` (the backend's own probe reason); skips for a machine shape the run does not
-  have (``need 2 devices``) stay skips.
+  have (``need 2 devices``) stay skips. ``triton-interpret`` names the CUDA kernels' CPU toolchain
+  (tests/test_triton_interpret.py: Triton's interpreter), required by ``make test-triton-interpret``.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ groups, weight/bias present and absent, the routing decision both ways.
 Skipped, with the reason, where Triton is not importable (torch 2.13.0's CPU build brings none) and where numpy
 is 2.4 or newer (torch 2.4.1's venv, whose Triton is 3.0.0; Triton 3.6's interpreter fails there on loop bounds:
 ``pip install "numpy<2.4"``). CI's third leg, ``make test-triton-interpret``, has both (Triton 3.6.0, the GPU
-machine's, and numpy < 2.4 in ``.venv-triton``) and sets ``HAL_REQUIRE_TRITON_INTERPRET=1``, under which those
-reasons fail the tests instead of skipping them.
+machine's, and numpy < 2.4 in ``.venv-triton``) and sets ``HAL_REQUIRE_BACKENDS=triton-interpret``, under which
+those skips (their reasons start ``"triton-interpret: "``) fail instead (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -49,11 +49,9 @@ def _numpy_too_new() -> str:
 
 
 _HAS_TRITON = _has_triton()
-_UNUSABLE = "" if _HAS_TRITON else "triton is not importable: the interpreter tests need it"
-_UNUSABLE = _UNUSABLE or _numpy_too_new()
-#: set where the interpreter must run (CI's ``make test-triton-interpret``): a reason to skip is then a failure
-REQUIRE_ENV = "HAL_REQUIRE_TRITON_INTERPRET"
-pytestmark = [pytest.mark.skipif(bool(_UNUSABLE) and not os.environ.get(REQUIRE_ENV), reason=_UNUSABLE or "-")]
+_UNUSABLE = _numpy_too_new() if _HAS_TRITON else "triton is not importable: the interpreter tests need it"
+# prefixed so that HAL_REQUIRE_BACKENDS=triton-interpret (CI's third leg) turns the skip into a failure
+pytestmark = [pytest.mark.skipif(bool(_UNUSABLE), reason=f"triton-interpret: {_UNUSABLE}")]
 
 CASES = ["norms_layer", "norms_rms", "add_rms", "norm_plans", "routing", "softmax_silu", "cross_entropy",
          "linear_cross_entropy"]
@@ -61,8 +59,6 @@ CASES = ["norms_layer", "norms_rms", "add_rms", "norm_plans", "routing", "softma
 
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted(case):
-    if _UNUSABLE:  # only with REQUIRE_ENV set: else the module is skipped
-        pytest.fail(f"{REQUIRE_ENV} is set but {_UNUSABLE}")
     env = {**os.environ, "TRITON_INTERPRET": "1", "HAL_CUDA_ROUTING": ""}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), case], capture_output=True, text=True,
                          timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
